@@ -1,0 +1,101 @@
+"""Mechanical normalization of source text (spec §5.2), shared by prepare and the validator.
+
+Only mechanics: line endings, Unicode NFC, spacing, obvious headings, list bullets, table cell
+padding, code fences. Nothing is interpreted, nothing semantic is added. Excerpt matching
+compares texts after this normalization with every whitespace run (line breaks included) seen
+as one space, so re-wrapped quotes match, while look-alike characters, zero-width characters or
+words run together do not.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Unicode space separators other than the plain space become a plain space; zero-width
+# characters are *not* removed (a quote containing them is a near-miss, not a match).
+_SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000\t]")
+_MULTISPACE = re.compile(r"(?<=\S) {2,}")
+_ATX_NO_SPACE = re.compile(r"^(#{1,6})([^#\s])")
+_ATX_CLOSING = re.compile(r"\s+#+\s*$")
+_BULLET = re.compile(r"^(\s*)(?:[*+•▪◦‣]|–|—)\s+")
+_ORDERED_PAREN = re.compile(r"^(\s*)(\d{1,3})\)\s+")
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([A-Za-z0-9_+-]*)\s*$")
+_SETEXT = re.compile(r"^(=+|-+)\s*$")
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_WS = re.compile(r"\s+")
+
+
+def normalize_text(text: str) -> str:
+    """Normalize a source note mechanically; idempotent, ends with exactly one newline."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = unicodedata.normalize("NFC", text).removeprefix("\ufeff")
+    lines = text.split("\n")
+    out: list[str] = []
+    in_code = False
+    for raw in lines:
+        line = _SPACES.sub(" ", raw).rstrip()
+        fence = _FENCE.match(line)
+        if fence:
+            lang = fence.group(3).lower()
+            line = f"{fence.group(1)}```{lang}" if not in_code else f"{fence.group(1)}```"
+            in_code = not in_code
+            out.append(line)
+            continue
+        if in_code:
+            out.append(line)
+            continue
+        line = _MULTISPACE.sub(" ", line)
+        # setext heading: a text line underlined by === or --- becomes an ATX heading
+        if _SETEXT.match(line) and out and out[-1].strip() and not _is_structural(out[-1]) \
+                and len(line.strip()) >= 3:
+            level = "#" if line.strip().startswith("=") else "##"
+            out[-1] = f"{level} {out[-1].strip()}"
+            continue
+        if line.lstrip().startswith("#"):
+            line = _ATX_NO_SPACE.sub(r"\1 \2", line.lstrip())
+            if re.match(r"^#{1,6} ", line):
+                line = _ATX_CLOSING.sub("", line)
+        line = _BULLET.sub(r"\1- ", line)
+        line = _ORDERED_PAREN.sub(r"\1\2. ", line)
+        if _TABLE_ROW.match(line):
+            line = _normalize_table_row(line)
+        out.append(line)
+    # at most one blank line in a row, none at the start or end
+    collapsed: list[str] = []
+    for line in out:
+        if not line and (not collapsed or not collapsed[-1]):
+            continue
+        collapsed.append(line)
+    while collapsed and not collapsed[-1]:
+        collapsed.pop()
+    return "\n".join(collapsed) + "\n" if collapsed else ""
+
+
+def _is_structural(line: str) -> bool:
+    s = line.lstrip()
+    return s.startswith(("#", "-", "|", "```", ">")) or bool(re.match(r"\d+\.", s))
+
+
+def _normalize_table_row(line: str) -> str:
+    cells = line.strip()[1:-1].split("|")
+    return "| " + " | ".join(c.strip() for c in cells) + " |"
+
+
+def canonical(text: str) -> str:
+    """The comparison form: normalized, every whitespace run one space, stripped."""
+    return _WS.sub(" ", normalize_text(text)).strip()
+
+
+def excerpt_in_source(excerpt: str, normalized_source: str) -> bool:
+    """Is the excerpt found verbatim in the (already normalized) source text?
+
+    The excerpt is compared in :func:`canonical` form, and also with only the character-level
+    rules applied (an excerpt may start mid-line, where line-start rules do not apply).
+    """
+    haystack = _WS.sub(" ", normalized_source)
+    light = unicodedata.normalize("NFC", _SPACES.sub(" ", excerpt))
+    for candidate in (canonical(excerpt), _WS.sub(" ", light).strip()):
+        if candidate and candidate in haystack:
+            return True
+    return False

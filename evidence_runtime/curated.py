@@ -1,0 +1,135 @@
+"""Curated files: Markdown with a YAML front matter holding the whole unit contract.
+
+``read_curated`` → edit ``doc.front`` in place → ``dump_curated`` changes only the edited lines;
+a load/save round trip is byte-identical for files in the house style.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from evidence_runtime.errors import UnitFormatError
+from evidence_runtime.units import UnitBase, parse_unit, unit_to_data
+from evidence_runtime.yamlio import dump_rt, load_rt, to_plain, to_rt
+
+DELIMITER = "---"
+MAX_CURATED_BYTES = 1_000_000
+
+
+@dataclass
+class CuratedDocument:
+    """One curated file: round-trip front matter plus the Markdown body."""
+
+    front: Any
+    body: str
+    path: str | None = None
+
+    def data(self) -> dict[str, Any]:
+        """The front matter as plain data."""
+        return to_plain(self.front)
+
+    def unit(self) -> UnitBase:
+        """The validated unit; raises ``pydantic.ValidationError``."""
+        return parse_unit(self.data())
+
+    @property
+    def evidence_id(self) -> str | None:
+        value = self.front.get("id") if isinstance(self.front, dict) else None
+        return value if isinstance(value, str) else None
+
+
+def decode_text(raw: bytes, *, path: str | None = None) -> str:
+    """Strict UTF-8 without BOM or NUL bytes, LF line endings expected but not required."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise UnitFormatError("file starts with a UTF-8 byte order mark (BOM)", path=path)
+    if b"\x00" in raw:
+        raise UnitFormatError("file contains NUL bytes", path=path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnitFormatError(
+            f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path
+        ) from None
+
+
+def split_front_matter(text: str, *, path: str | None = None) -> tuple[str, str]:
+    """Split ``---\\n<yaml>---\\n<body>`` into its YAML and body texts."""
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].rstrip("\r\n") != DELIMITER:
+        raise UnitFormatError("missing front matter: the file must start with a '---' line",
+                              path=path)
+    for i in range(1, len(lines)):
+        if lines[i].rstrip("\r\n") == DELIMITER:
+            return "".join(lines[1:i]), "".join(lines[i + 1:])
+    raise UnitFormatError("front matter is not closed by a '---' line", path=path)
+
+
+def parse_curated(text: str, *, path: str | None = None) -> CuratedDocument:
+    """Parse a curated file's text; :class:`UnitFormatError` for structural faults only."""
+    yaml_text, body = split_front_matter(text, path=path)
+    front = load_rt(yaml_text, path=path)
+    if not isinstance(front, dict):
+        raise UnitFormatError("front matter must be a YAML mapping", path=path)
+    return CuratedDocument(front=front, body=body, path=path)
+
+
+def read_curated(file: Path, *, display_path: str | None = None) -> CuratedDocument:
+    """Read and parse one curated file from disk."""
+    shown = display_path or str(file)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UnitFormatError(f"cannot read file: {exc.strerror}", path=shown) from None
+    if len(raw) > MAX_CURATED_BYTES:
+        raise UnitFormatError(f"file is larger than {MAX_CURATED_BYTES} bytes", path=shown)
+    return parse_curated(decode_text(raw, path=shown), path=shown)
+
+
+def dump_curated(doc: CuratedDocument) -> str:
+    """Serialize a curated document (front matter in the house style, body verbatim)."""
+    return f"{DELIMITER}\n{dump_rt(doc.front)}{DELIMITER}\n{doc.body}"
+
+
+def document_from_unit(unit: UnitBase, body: str, *, path: str | None = None) -> CuratedDocument:
+    """A new curated document in canonical key order."""
+    return CuratedDocument(front=to_rt(unit_to_data(unit)), body=body, path=path)
+
+
+def render_body(unit: UnitBase, text: str | None = None) -> str:
+    """Markdown body: a title heading and the restructured text (or the first excerpt)."""
+    content = (text if text is not None else unit.provenance.supporting_excerpts[0]).strip()
+    return f"\n# {unit.title}\n\n{content}\n"
+
+
+def curated_relpath(unit: UnitBase) -> str:
+    """Path of a unit's file relative to ``evidence/``: ``curated/<kind>/<slug>.md``."""
+    slug = unit.id.removeprefix("evidence:")
+    return f"curated/{unit.kind.value}/{slug}.md"
+
+
+def validation_messages(exc: ValidationError) -> list[tuple[str, str]]:
+    """(field path, message) pairs of a pydantic error, with dotted field paths."""
+    out: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"]]
+        # the discriminated union adds the kind tag as the first element; drop it
+        if loc and loc[0] in {"glossary", "domain", "enum", "example", "mapping",
+                              "normalization", "formula", "reference"} and len(loc) > 1 \
+                and loc[1] in {"glossary", "domain", "enum", "example", "mapping",
+                               "normalization", "formula", "reference"} | set(_COMMON):
+            loc = loc[1:]
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg.removeprefix("Value error, ")
+        out.append((".".join(loc), msg))
+    return out
+
+
+_COMMON = (
+    "schema_version", "id", "title", "kind", "purposes", "applies_to", "language",
+    "provenance", "review_items",
+)

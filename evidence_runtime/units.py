@@ -1,0 +1,480 @@
+"""The Evidence Unit contract (spec §4): common envelope plus one typed block per ``kind``.
+
+A unit is a pydantic model; :data:`EvidenceUnit` is the discriminated union over the eight kinds.
+Only checks that need nothing but the unit itself live here (field shapes, id format, reference
+syntax); checks that need the source, the corpus or SQL parsing live in the pipeline's validator.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+MAX_EXCERPT_CHARS = 1000
+MAX_EXCERPTS = 5
+
+ID_PREFIX = "evidence:"
+SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+ID_RE = re.compile(r"^evidence:[a-z0-9]+(?:-[a-z0-9]+)*$")
+SHA256_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+CODE_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# A PostgreSQL identifier: plain (letters, digits, _, $) or double-quoted ("" escapes a quote).
+_IDENT = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
+TABLE_RE = re.compile(rf"^{_IDENT}(?:\.{_IDENT})?$")
+COLUMN_RE = re.compile(rf"^{_IDENT}(?:\.{_IDENT}){{1,2}}$")
+
+
+class EvidenceKind(StrEnum):
+    """The eight kinds, in the classification order of spec §4.2."""
+
+    formula = "formula"
+    enum = "enum"
+    mapping = "mapping"
+    normalization = "normalization"
+    glossary = "glossary"
+    domain = "domain"
+    example = "example"
+    reference = "reference"
+
+
+class EvidencePurpose(StrEnum):
+    """The workflow activities a unit can serve (spec §4.1, §11.2)."""
+
+    disambiguation = "disambiguation"
+    rewriting = "rewriting"
+    schema_linking = "schema_linking"
+    sql_generation = "sql_generation"
+
+
+KIND_ORDER: tuple[EvidenceKind, ...] = tuple(EvidenceKind)
+
+
+def _strict() -> ConfigDict:
+    return ConfigDict(extra="forbid", str_strip_whitespace=False, validate_default=True)
+
+
+def _nonblank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _unique(values: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"duplicate value {v!r}")
+        seen.add(v)
+    return values
+
+
+def check_table_ref(value: str) -> str:
+    """Accept ``table`` or ``schema.table`` (PostgreSQL identifiers, quoted or not)."""
+    if not TABLE_RE.match(value):
+        raise ValueError(f"{value!r} is not a table reference (schema.table)")
+    return value
+
+
+def check_column_ref(value: str) -> str:
+    """Accept ``table.column`` or ``schema.table.column`` (PostgreSQL identifiers)."""
+    if not COLUMN_RE.match(value):
+        raise ValueError(f"{value!r} is not a column reference (schema.table.column)")
+    return value
+
+
+def column_table(column: str) -> str:
+    """The table part of a column reference (``a.b.c`` → ``a.b``)."""
+    parts = _split_ident_path(column)
+    return ".".join(parts[:-1])
+
+
+def _split_ident_path(ref: str) -> list[str]:
+    return re.findall(rf"{_IDENT}", ref)
+
+
+NonBlank = Annotated[str, Field(min_length=1)]
+
+
+class ReviewItem(BaseModel):
+    """A doubt still to resolve; any review item blocks publication (spec §4.1)."""
+
+    model_config = _strict()
+
+    code: str
+    message: NonBlank
+    field: str | None = None
+
+    @field_validator("code")
+    @classmethod
+    def _code(cls, v: str) -> str:
+        if not CODE_RE.match(v):
+            raise ValueError("must be a snake_case code such as ambiguous_source_statement")
+        return v
+
+    @field_validator("message")
+    @classmethod
+    def _message(cls, v: str) -> str:
+        return _nonblank(v)
+
+
+class AppliesTo(BaseModel):
+    """Concepts and database elements the unit is about."""
+
+    model_config = _strict()
+
+    concepts: list[NonBlank] = Field(default_factory=list)
+    tables: list[str] = Field(default_factory=list)
+    columns: list[str] = Field(default_factory=list)
+
+    @field_validator("concepts")
+    @classmethod
+    def _concepts(cls, v: list[str]) -> list[str]:
+        return _unique([_nonblank(c) for c in v])
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, v: list[str]) -> list[str]:
+        return _unique([check_table_ref(t) for t in v])
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: list[str]) -> list[str]:
+        return _unique([check_column_ref(c) for c in v])
+
+
+class Provenance(BaseModel):
+    """Where the unit comes from: one source file, its hash, and verbatim excerpts."""
+
+    model_config = _strict()
+
+    source_file: str
+    source_sha256: str
+    supporting_excerpts: list[str] = Field(min_length=1, max_length=MAX_EXCERPTS)
+
+    @field_validator("source_file")
+    @classmethod
+    def _source_file(cls, v: str) -> str:
+        if not v.startswith("source/") or ".." in v.split("/") or "\\" in v:
+            raise ValueError("must be a path under source/ relative to evidence/")
+        return v
+
+    @field_validator("source_sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not SHA256_RE.match(v):
+            raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
+        return v
+
+    @field_validator("supporting_excerpts")
+    @classmethod
+    def _excerpts(cls, v: list[str]) -> list[str]:
+        for i, excerpt in enumerate(v):
+            if not excerpt.strip():
+                raise ValueError(f"excerpt {i + 1} is empty")
+            if len(excerpt) > MAX_EXCERPT_CHARS:
+                raise ValueError(
+                    f"excerpt {i + 1} has {len(excerpt)} characters (max {MAX_EXCERPT_CHARS})"
+                )
+        return v
+
+
+# ---------------------------------------------------------------------------------------------
+# Kind blocks
+# ---------------------------------------------------------------------------------------------
+
+
+class GlossaryBlock(BaseModel):
+    """A term, what it means, and the other words people use for it."""
+
+    model_config = _strict()
+
+    term: NonBlank
+    definition: NonBlank
+    synonyms: list[NonBlank] = Field(default_factory=list)
+
+    @field_validator("synonyms")
+    @classmethod
+    def _syn(cls, v: list[str]) -> list[str]:
+        return _unique(v)
+
+
+class DomainBlock(BaseModel):
+    """A domain rule or constraint, with optional conditions and exceptions."""
+
+    model_config = _strict()
+
+    rule: NonBlank
+    conditions: list[NonBlank] = Field(default_factory=list)
+    exceptions: list[NonBlank] = Field(default_factory=list)
+
+
+class EnumBlock(BaseModel):
+    """Stored codes of one column and their meaning."""
+
+    model_config = _strict()
+
+    column: str
+    values: dict[str, NonBlank] = Field(min_length=1)
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        return check_column_ref(v)
+
+    @field_validator("values")
+    @classmethod
+    def _values(cls, v: dict[str, str]) -> dict[str, str]:
+        for code in v:
+            if not str(code).strip():
+                raise ValueError("empty code")
+        return v
+
+
+class ExampleBlock(BaseModel):
+    """A documented question, how it is to be read, and optionally its full SQL."""
+
+    model_config = _strict()
+
+    question: NonBlank
+    interpretation: NonBlank
+    sql: str | None = None
+
+
+class MappingBlock(BaseModel):
+    """A business concept and the physical tables and columns that hold it."""
+
+    model_config = _strict()
+
+    concept: NonBlank
+    tables: list[str] = Field(min_length=1)
+    columns: list[str] = Field(default_factory=list)
+    notes: str | None = None
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, v: list[str]) -> list[str]:
+        return _unique([check_table_ref(t) for t in v])
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: list[str]) -> list[str]:
+        return _unique([check_column_ref(c) for c in v])
+
+    @model_validator(mode="after")
+    def _columns_in_tables(self) -> MappingBlock:
+        tables = set(self.tables)
+        for col in self.columns:
+            if column_table(col) not in tables:
+                raise ValueError(f"column {col!r} does not belong to one of the mapped tables")
+        return self
+
+
+class NormalizationExample(BaseModel):
+    model_config = _strict()
+
+    raw: NonBlank
+    normalized: NonBlank
+
+
+class NormalizationBlock(BaseModel):
+    """How raw values of a column or concept are made uniform."""
+
+    model_config = _strict()
+
+    subject: NonBlank
+    rule: NonBlank
+    examples: list[NormalizationExample] = Field(default_factory=list)
+
+
+class FormulaBlock(BaseModel):
+    """A reusable PostgreSQL expression: concept, input columns, one composable expression."""
+
+    model_config = _strict()
+
+    concept: NonBlank
+    columns: list[str] = Field(min_length=1)
+    sql: NonBlank
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: list[str]) -> list[str]:
+        return _unique([check_column_ref(c) for c in v])
+
+
+class ReferenceBlock(BaseModel):
+    """An external link that is itself retrievable content."""
+
+    model_config = _strict()
+
+    url: NonBlank
+    label: NonBlank
+    description: NonBlank
+
+
+# ---------------------------------------------------------------------------------------------
+# Units
+# ---------------------------------------------------------------------------------------------
+
+
+class UnitBase(BaseModel):
+    """The common envelope of §4.1."""
+
+    model_config = _strict()
+
+    schema_version: Literal[1]
+    id: str
+    title: NonBlank
+    kind: EvidenceKind
+    purposes: list[EvidencePurpose] = Field(min_length=1)
+    applies_to: AppliesTo = Field(default_factory=AppliesTo)
+    language: str = Field(pattern=r"^[a-z]{2}(?:-[A-Z]{2})?$")
+    provenance: Provenance
+    review_items: list[ReviewItem] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        check_evidence_id(v)
+        return v
+
+    @field_validator("purposes")
+    @classmethod
+    def _purposes(cls, v: list[EvidencePurpose]) -> list[EvidencePurpose]:
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate purpose")
+        return v
+
+    @field_validator("title")
+    @classmethod
+    def _title(cls, v: str) -> str:
+        return _nonblank(v)
+
+    @property
+    def block(self) -> BaseModel:
+        """The kind-specific block."""
+        return getattr(self, self.kind.value)
+
+
+def check_evidence_id(value: str) -> str:
+    """Check ``evidence:<slug>``; the kind must not be encoded in the id (spec §4.2)."""
+    if not ID_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not an id of the form evidence:<slug> (lowercase letters, digits, -)"
+        )
+    first = value.removeprefix(ID_PREFIX).split("-", 1)[0]
+    if first in EvidenceKind.__members__ and first != value.removeprefix(ID_PREFIX):
+        raise ValueError(f"{value!r} encodes the kind {first!r}; ids must not contain the kind")
+    return value
+
+
+class GlossaryUnit(UnitBase):
+    kind: Literal[EvidenceKind.glossary]
+    glossary: GlossaryBlock
+
+
+class DomainUnit(UnitBase):
+    kind: Literal[EvidenceKind.domain]
+    domain: DomainBlock
+
+
+class EnumUnit(UnitBase):
+    kind: Literal[EvidenceKind.enum]
+    enum: EnumBlock
+
+
+class ExampleUnit(UnitBase):
+    kind: Literal[EvidenceKind.example]
+    example: ExampleBlock
+
+
+class MappingUnit(UnitBase):
+    kind: Literal[EvidenceKind.mapping]
+    mapping: MappingBlock
+
+
+class NormalizationUnit(UnitBase):
+    kind: Literal[EvidenceKind.normalization]
+    normalization: NormalizationBlock
+
+
+class FormulaUnit(UnitBase):
+    kind: Literal[EvidenceKind.formula]
+    formula: FormulaBlock
+
+
+class ReferenceUnit(UnitBase):
+    kind: Literal[EvidenceKind.reference]
+    reference: ReferenceBlock
+
+
+EvidenceUnit = Annotated[
+    GlossaryUnit
+    | DomainUnit
+    | EnumUnit
+    | ExampleUnit
+    | MappingUnit
+    | NormalizationUnit
+    | FormulaUnit
+    | ReferenceUnit,
+    Field(discriminator="kind"),
+]
+
+UNIT_CLASSES: dict[EvidenceKind, type[UnitBase]] = {
+    EvidenceKind.glossary: GlossaryUnit,
+    EvidenceKind.domain: DomainUnit,
+    EvidenceKind.enum: EnumUnit,
+    EvidenceKind.example: ExampleUnit,
+    EvidenceKind.mapping: MappingUnit,
+    EvidenceKind.normalization: NormalizationUnit,
+    EvidenceKind.formula: FormulaUnit,
+    EvidenceKind.reference: ReferenceUnit,
+}
+
+BLOCK_CLASSES: dict[EvidenceKind, type[BaseModel]] = {
+    EvidenceKind.glossary: GlossaryBlock,
+    EvidenceKind.domain: DomainBlock,
+    EvidenceKind.enum: EnumBlock,
+    EvidenceKind.example: ExampleBlock,
+    EvidenceKind.mapping: MappingBlock,
+    EvidenceKind.normalization: NormalizationBlock,
+    EvidenceKind.formula: FormulaBlock,
+    EvidenceKind.reference: ReferenceBlock,
+}
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(EvidenceUnit)
+
+# Canonical key order of a unit's front matter when code writes it.
+COMMON_KEYS: tuple[str, ...] = (
+    "schema_version",
+    "id",
+    "title",
+    "kind",
+    "purposes",
+    "applies_to",
+    "language",
+    "provenance",
+)
+
+
+def parse_unit(data: Any) -> UnitBase:
+    """Validate plain data (a mapping) as an Evidence Unit; raises ``pydantic.ValidationError``."""
+    return _ADAPTER.validate_python(data)
+
+
+def unit_to_data(unit: UnitBase) -> dict[str, Any]:
+    """Plain data of a unit in canonical key order (common fields, kind block, review items)."""
+    raw = unit.model_dump(mode="json", exclude_none=True)
+    out: dict[str, Any] = {k: raw[k] for k in COMMON_KEYS}
+    out[unit.kind.value] = raw[unit.kind.value]
+    out["review_items"] = raw.get("review_items", [])
+    return out
+
+
+def unit_json_schemas() -> dict[str, Any]:
+    """JSON schema of every kind (for the model request), keyed by kind."""
+    return {kind.value: cls.model_json_schema() for kind, cls in UNIT_CLASSES.items()}
