@@ -45,14 +45,16 @@ class CuratedDocument:
 def decode_text(raw: bytes, *, path: str | None = None) -> str:
     """Strict UTF-8 without BOM or NUL bytes, LF line endings expected but not required."""
     if raw.startswith(b"\xef\xbb\xbf"):
-        raise UnitFormatError("file starts with a UTF-8 byte order mark (BOM)", path=path)
+        raise UnitFormatError("file starts with a UTF-8 byte order mark (BOM)", path=path,
+                              code="encoding_invalid")
     if b"\x00" in raw:
-        raise UnitFormatError("file contains NUL bytes", path=path)
+        raise UnitFormatError("file contains NUL bytes", path=path, code="encoding_invalid")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UnitFormatError(
-            f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path
+            f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path,
+            code="encoding_invalid",
         ) from None
 
 
@@ -61,11 +63,12 @@ def split_front_matter(text: str, *, path: str | None = None) -> tuple[str, str]
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip("\r\n") != DELIMITER:
         raise UnitFormatError("missing front matter: the file must start with a '---' line",
-                              path=path)
+                              path=path, code="front_matter_missing")
     for i in range(1, len(lines)):
         if lines[i].rstrip("\r\n") == DELIMITER:
             return "".join(lines[1:i]), "".join(lines[i + 1:])
-    raise UnitFormatError("front matter is not closed by a '---' line", path=path)
+    raise UnitFormatError("front matter is not closed by a '---' line", path=path,
+                          code="front_matter_missing")
 
 
 def parse_curated(text: str, *, path: str | None = None) -> CuratedDocument:
@@ -73,7 +76,8 @@ def parse_curated(text: str, *, path: str | None = None) -> CuratedDocument:
     yaml_text, body = split_front_matter(text, path=path)
     front = load_rt(yaml_text, path=path)
     if not isinstance(front, dict):
-        raise UnitFormatError("front matter must be a YAML mapping", path=path)
+        raise UnitFormatError("front matter must be a YAML mapping", path=path,
+                              code="front_matter_malformed")
     return CuratedDocument(front=front, body=body, path=path)
 
 

@@ -46,18 +46,20 @@ def _check_nodes(root: Node | None, path: str | None) -> None:
         node = stack.pop()
         count += 1
         if count > MAX_YAML_NODES:
-            raise UnitFormatError("YAML document is too large", path=path)
+            raise UnitFormatError("YAML document is too large", path=path,
+                                  code="yaml_forbidden_construct")
         anchor = getattr(node, "anchor", None)
         if anchor:
             raise UnitFormatError(
                 f"YAML anchors and aliases are not allowed (&{anchor}, line {_line(node)})",
-                path=path,
+                path=path, code="yaml_forbidden_construct",
             )
         if node.tag not in _STANDARD_TAGS and not (
             isinstance(node, ScalarNode) and node.tag.startswith("tag:yaml.org,2002:timestamp")
         ):
             raise UnitFormatError(
-                f"YAML tag {node.tag!r} is not allowed (line {_line(node)})", path=path
+                f"YAML tag {node.tag!r} is not allowed (line {_line(node)})", path=path,
+                code="yaml_forbidden_construct",
             )
         if isinstance(node, MappingNode):
             for k, v in node.value:
@@ -83,10 +85,12 @@ def load_rt(text: str, *, path: str | None = None) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = exc.problem or exc.context or "malformed YAML"
-        raise UnitFormatError(f"malformed YAML: {problem}{where}", path=path) from None
+        raise UnitFormatError(f"malformed YAML: {problem}{where}", path=path,
+                              code="front_matter_malformed") from None
     except (YAMLError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnitFormatError(f"malformed YAML: {first}", path=path) from None
+        raise UnitFormatError(f"malformed YAML: {first}", path=path,
+                              code="front_matter_malformed") from None
 
 
 def dump_rt(data: Any) -> str:

@@ -1,0 +1,79 @@
+"""``evidence/evaluation.yaml`` (spec §3.4, §14): representative questions and expected ids."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evidence_runtime.curated import decode_text
+from evidence_runtime.errors import EvidenceError, UnitFormatError
+from evidence_runtime.query import EvidenceSearchContext
+from evidence_runtime.units import EvidencePurpose, check_evidence_id
+from evidence_runtime.yamlio import load_rt, to_plain
+
+EVALUATION_NAME = "evaluation.yaml"
+
+
+class EvaluationFileError(EvidenceError):
+    code = "evaluation_malformed"
+
+
+class Profile(StrEnum):
+    lexical = "lexical"
+    semantic = "semantic"
+    mixed = "mixed"
+
+
+class EvalQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    text: str = Field(min_length=1)
+    profile: Profile
+    purpose: EvidencePurpose
+    context: EvidenceSearchContext = Field(default_factory=EvidenceSearchContext)
+    expected: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("expected")
+    @classmethod
+    def _expected(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for unit_id in v:
+            check_evidence_id(unit_id)
+        return v
+
+
+class EvaluationSet(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queries: tuple[EvalQuery, ...] = Field(min_length=1)
+
+    @field_validator("queries")
+    @classmethod
+    def _unique(cls, v: tuple[EvalQuery, ...]) -> tuple[EvalQuery, ...]:
+        seen: set[str] = set()
+        for q in v:
+            if q.id in seen:
+                raise ValueError(f"duplicate query id {q.id!r}")
+            seen.add(q.id)
+        return v
+
+
+def read_evaluation(evidence_dir: Path, *, shown: str | None = None) -> EvaluationSet:
+    """Read ``evaluation.yaml``; :class:`EvaluationFileError` names the query and field."""
+    file = evidence_dir / EVALUATION_NAME
+    shown = shown or str(file)
+    if not file.is_file():
+        raise EvaluationFileError("evaluation.yaml is missing", path=shown)
+    try:
+        data = to_plain(load_rt(decode_text(file.read_bytes(), path=shown), path=shown))
+    except UnitFormatError as exc:
+        raise EvaluationFileError(exc.message, path=shown) from None
+    try:
+        return EvaluationSet.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise EvaluationFileError(err["msg"].removeprefix("Value error, "), path=shown,
+                                  field=field) from None

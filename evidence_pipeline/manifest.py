@@ -1,0 +1,123 @@
+"""``evidence/manifest.yaml`` (spec §3.3): source hashes, derived unit ids, orphans, retirements.
+
+Written by prepare and resolve only. Reading keeps the round-trip data so an untouched manifest is
+saved byte for byte; code that changes it writes the canonical (sorted) form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evidence_runtime.curated import decode_text
+from evidence_runtime.errors import EvidenceError, UnitFormatError
+from evidence_runtime.units import SHA256_RE, check_evidence_id
+from evidence_runtime.yamlio import dump_rt, load_rt, to_plain
+
+PIPELINE_VERSION = 1
+MANIFEST_NAME = "manifest.yaml"
+
+
+class ManifestError(EvidenceError):
+    code = "manifest_malformed"
+
+
+class SourceEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str
+    units: list[str] = Field(default_factory=list)
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not SHA256_RE.match(v):
+            raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
+        return v
+
+    @field_validator("units")
+    @classmethod
+    def _units(cls, v: list[str]) -> list[str]:
+        for unit_id in v:
+            check_evidence_id(unit_id)
+        return v
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline_version: int
+    sources: dict[str, SourceEntry] = Field(default_factory=dict)
+    orphans: list[str] = Field(default_factory=list)
+    retirement_candidates: list[str] = Field(default_factory=list)
+
+    @field_validator("orphans", "retirement_candidates")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        for unit_id in v:
+            check_evidence_id(unit_id)
+        return v
+
+    def unit_sources(self) -> dict[str, list[str]]:
+        """unit id → the sources that list it (more than one is an inconsistency)."""
+        out: dict[str, list[str]] = {}
+        for path, entry in self.sources.items():
+            for unit_id in entry.units:
+                out.setdefault(unit_id, []).append(path)
+        return out
+
+    def all_unit_ids(self) -> set[str]:
+        return set(self.unit_sources())
+
+    def to_data(self) -> dict[str, Any]:
+        """Canonical plain data: sources and ids sorted."""
+        return {
+            "pipeline_version": self.pipeline_version,
+            "sources": {
+                path: {"sha256": entry.sha256, "units": sorted(entry.units)}
+                for path, entry in sorted(self.sources.items())
+            },
+            "orphans": sorted(set(self.orphans)),
+            "retirement_candidates": sorted(set(self.retirement_candidates)),
+        }
+
+
+def empty_manifest() -> Manifest:
+    return Manifest(pipeline_version=PIPELINE_VERSION)
+
+
+def parse_manifest(text: str, *, path: str) -> Manifest:
+    """Parse manifest text; :class:`ManifestError` names the field at fault."""
+    try:
+        data = to_plain(load_rt(text, path=path))
+    except UnitFormatError as exc:
+        raise ManifestError(exc.message, path=path) from None
+    if not isinstance(data, dict):
+        raise ManifestError("must be a YAML mapping", path=path)
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ManifestError(err["msg"].removeprefix("Value error, "), path=path,
+                            field=field) from None
+
+
+def read_manifest(evidence_dir: Path, *, shown: str | None = None) -> Manifest | None:
+    """The manifest of an evidence directory, or None when there is none yet."""
+    file = evidence_dir / MANIFEST_NAME
+    shown = shown or str(file)
+    if not file.exists():
+        return None
+    try:
+        text = decode_text(file.read_bytes(), path=shown)
+    except UnitFormatError as exc:
+        raise ManifestError(exc.message, path=shown) from None
+    return parse_manifest(text, path=shown)
+
+
+def dump_manifest(manifest: Manifest) -> str:
+    """Canonical manifest text."""
+    return dump_rt(manifest.to_data())

@@ -1,0 +1,70 @@
+"""The search request contract and the deterministic query text of spec §9.6.
+
+One text is rendered once and given, byte for byte, to both the dense embedder and BM25.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evidence_runtime.units import EvidenceKind
+
+_LABELS = (("concepts", "Concetti"), ("tables", "Tabelle"), ("columns", "Colonne"))
+
+
+class EvidenceConstraints(BaseModel):
+    """Explicit, binding filters: applied only when the caller declares them (spec §9.6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kinds: tuple[EvidenceKind, ...] = ()
+    tables: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+    concepts: tuple[str, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.kinds or self.tables or self.columns or self.concepts)
+
+
+class EvidenceSearchContext(BaseModel):
+    """What a stage knows: values added to the query text, plus optional binding constraints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concepts: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+    constraints: EvidenceConstraints = Field(default_factory=EvidenceConstraints)
+
+
+class EmptyQueryError(ValueError):
+    """The question is empty after normalization."""
+
+
+def _clean(text: str) -> str:
+    return unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n")).strip()
+
+
+def context_values(values: tuple[str, ...] | list[str]) -> list[str]:
+    """NFC + strip, empty strings and exact duplicates removed, sorted by code point."""
+    return sorted({v for v in (_clean(x) for x in values) if v})
+
+
+def render_query(question: str, context: EvidenceSearchContext | None = None) -> str:
+    """Render ``Domanda / Concetti / Tabelle / Colonne`` exactly as spec §9.6 prescribes.
+
+    The question keeps case, punctuation and inner spacing; only NFC, CR/LF → LF and outer
+    whitespace are touched. Context values are deduplicated and sorted without case folding.
+    """
+    q = _clean(question)
+    if not q:
+        raise EmptyQueryError("the question is empty")
+    lines = [f"Domanda: {q}"]
+    if context is not None:
+        for attr, label in _LABELS:
+            values = context_values(getattr(context, attr))
+            if values:
+                lines.append(f"{label}: {', '.join(values)}")
+    return "\n".join(lines)

