@@ -165,6 +165,10 @@ _FIELD_CODES = {
     "schema_version": "schema_version_invalid",
 }
 
+# Review items that cover an incompatible formula.sql (the legacy migration, spec §4.3): the SQL
+# problem is then reported as a doubt (blocked) instead of an error (invalid).
+FORMULA_SQL_REVIEW_CODES = frozenset({"legacy_formula_incompatible"})
+
 _FORBIDDEN_IN_FORMULA = (
     exp.Query,
     exp.Subquery,
@@ -285,11 +289,11 @@ def credential_problems(data: Any, body: str, *, path: str | None,
 
 
 def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
-               shown_path: str, orphan: bool = False) -> list[Problem]:
+               shown_path: str, skip_source: bool = False) -> list[Problem]:
     """Rules that need the unit and its source (schema already passed).
 
-    An orphan's source is gone by definition: the orphan itself blocks publication, so its
-    source is not checked again.
+    ``skip_source`` for orphans and retirement candidates: their source is gone or no longer
+    supports them by definition, and they block publication by themselves.
     """
     eid = unit.id
     out: list[Problem] = []
@@ -305,7 +309,7 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
         problem("kind_directory_mismatch",
                 f"kind is {unit.kind.value!r} but the file is under curated/{parts[1]}/", "kind")
 
-    src = None if orphan else sources.get(unit.provenance.source_file)
+    src = None if skip_source else sources.get(unit.provenance.source_file)
     if src is None:
         pass
     elif isinstance(src, str):
@@ -328,7 +332,12 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
     if isinstance(unit, FormulaUnit):
         bad = check_formula_sql(unit.formula.sql)
         if bad:
-            problem(bad[0], f"formula.sql {bad[1]}", "formula.sql")
+            # an imported legacy entry keeps its SQL verbatim under a review item that says so:
+            # blocked until a curator rewrites it; removing the item alone makes the unit invalid
+            covered = any(i.code in FORMULA_SQL_REVIEW_CODES and i.field == "formula.sql"
+                          for i in unit.review_items)
+            problem(bad[0], f"formula.sql {bad[1]}", "formula.sql",
+                    Severity.review if covered else Severity.error)
     elif isinstance(unit, ExampleUnit) and unit.example.sql:
         bad = check_example_sql(unit.example.sql)
         if bad:
@@ -366,9 +375,9 @@ def corpus_files(evidence_dir: Path, patterns: Sequence[str]) -> list[str]:
 
 
 def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
-               sources: SourceReader, orphans: frozenset[str] = frozenset(),
-               ) -> tuple[list[LoadedUnit], list[Problem]]:
-    """Read, parse and check each curated file; problems for every fault found."""
+               sources: SourceReader, skip_source: frozenset[str] = frozenset(),
+               check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
+    """Read, parse and (unless ``check`` is false) check each curated file."""
     loaded: list[LoadedUnit] = []
     problems: list[Problem] = []
     for rel in rel_paths:
@@ -386,15 +395,18 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
             loaded.append(LoadedUnit(rel, None, None))
             continue
         eid = doc.evidence_id
-        problems.extend(credential_problems(doc.data(), doc.body, path=shown, evidence_id=eid))
+        if check:
+            problems.extend(credential_problems(doc.data(), doc.body, path=shown,
+                                                evidence_id=eid))
         try:
             unit = doc.unit()
         except ValidationError as exc:
             problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
             loaded.append(LoadedUnit(rel, doc, None))
             continue
-        problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
-                                   orphan=unit.id in orphans))
+        if check:
+            problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
+                                       skip_source=unit.id in skip_source))
         loaded.append(LoadedUnit(rel, doc, unit))
     return loaded, problems
 
@@ -487,9 +499,10 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
         problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
         manifest = None
     rel_paths = corpus_files(evidence_dir, patterns)
-    orphans = frozenset(manifest.orphans) if manifest else frozenset()
+    skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
+        else frozenset()
     loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
-                                       sources=sources, orphans=orphans)
+                                       sources=sources, skip_source=skip)
     problems.extend(unit_problems)
     if manifest is not None or not problems:
         problems.extend(check_corpus(loaded, manifest, shown_prefix=shown_prefix,

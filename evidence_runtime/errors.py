@@ -85,3 +85,9 @@ class RegistryError(EvidenceError):
     """The registry (activated revision, generations) cannot be read or written."""
 
     code = "registry_error"
+
+
+class RegistryLockedError(RegistryError):
+    """Another writer held the registry longer than the busy/lock timeout; nothing was changed."""
+
+    code = "registry_locked"

@@ -161,7 +161,7 @@ def test_fault_through_cli(demo_ws: Path, name: str, fault, status: str, code: s
     assert report["status"] == status
     hits = [p for p in report["problems"] if p["code"] == code]
     assert hits, report["problems"]
-    hit = hits[0]
+    hit = next((p for p in hits if p["path"] == rel), hits[0])
     if code != "orphan":
         assert hit["path"] == rel
     if field:

@@ -1,0 +1,236 @@
+"""Evidence Fragments (spec §9.8): index cards cut along headings, typed fields and paragraphs.
+
+A fragment's rendered text — labels and textual metadata included — is exactly what the
+embedder and BM25 receive, and it never exceeds ``max_chunk_chars``. Atomic elements (a formula,
+a value/meaning pair, a mapping, a rule, a URL, a code block) are never split: one that cannot
+fit on its own is the review item ``atomic_content_too_large``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from evidence_runtime.units import (
+    DomainUnit,
+    EnumUnit,
+    ExampleUnit,
+    FormulaUnit,
+    GlossaryUnit,
+    MappingUnit,
+    NormalizationUnit,
+    ReferenceUnit,
+    UnitBase,
+)
+
+ATOMIC_TOO_LARGE = "atomic_content_too_large"
+
+KIND_LABELS = {
+    "glossary": "glossario",
+    "domain": "regola di dominio",
+    "enum": "valori codificati",
+    "example": "esempio",
+    "mapping": "mapping",
+    "normalization": "normalizzazione",
+    "formula": "formula",
+    "reference": "riferimento",
+}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One element that is never split; ``field`` says where it comes from."""
+
+    text: str
+    field: str
+    atomic: bool = True
+
+
+@dataclass(frozen=True)
+class Fragment:
+    evidence_id: str
+    ordinal: int
+    text: str
+
+
+class AtomicTooLarge(Exception):
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        super().__init__(f"{field}: {size} characters do not fit in one fragment "
+                         f"(max_chunk_chars {limit})")
+        self.field = field
+        self.size = size
+        self.limit = limit
+
+
+def header(unit: UnitBase) -> str:
+    """The labels every fragment of a unit repeats: title, kind and applies_to."""
+    lines = [f"Titolo: {unit.title}", f"Tipo: {KIND_LABELS[unit.kind.value]}"]
+    if unit.applies_to.concepts:
+        lines.append("Concetti: " + ", ".join(unit.applies_to.concepts))
+    if unit.applies_to.tables:
+        lines.append("Tabelle: " + ", ".join(unit.applies_to.tables))
+    if unit.applies_to.columns:
+        lines.append("Colonne: " + ", ".join(unit.applies_to.columns))
+    return "\n".join(lines)
+
+
+def typed_pieces(unit: UnitBase) -> list[Piece]:
+    """The kind block rendered as labelled pieces, one per atomic element."""
+    p: list[Piece] = []
+    if isinstance(unit, GlossaryUnit):
+        g = unit.glossary
+        p.append(Piece(f"Termine: {g.term}\nDefinizione: {g.definition}", "glossary.definition"))
+        if g.synonyms:
+            p.append(Piece("Sinonimi: " + ", ".join(g.synonyms), "glossary.synonyms"))
+    elif isinstance(unit, DomainUnit):
+        d = unit.domain
+        p.append(Piece(f"Regola: {d.rule}", "domain.rule"))
+        p.extend(Piece(f"Condizione: {c}", f"domain.conditions[{i}]")
+                 for i, c in enumerate(d.conditions))
+        p.extend(Piece(f"Eccezione: {c}", f"domain.exceptions[{i}]")
+                 for i, c in enumerate(d.exceptions))
+    elif isinstance(unit, EnumUnit):
+        e = unit.enum
+        p.append(Piece(f"Colonna: {e.column}", "enum.column"))
+        p.extend(Piece(f"{code} = {meaning}", f"enum.values.{code}")
+                 for code, meaning in e.values.items())
+    elif isinstance(unit, ExampleUnit):
+        x = unit.example
+        p.append(Piece(f"Domanda: {x.question}", "example.question"))
+        p.append(Piece(f"Interpretazione: {x.interpretation}", "example.interpretation"))
+        if x.sql:
+            p.append(Piece(f"SQL:\n{x.sql}", "example.sql"))
+    elif isinstance(unit, MappingUnit):
+        m = unit.mapping
+        text = f"Concetto: {m.concept}\nTabelle: {', '.join(m.tables)}"
+        if m.columns:
+            text += f"\nColonne: {', '.join(m.columns)}"
+        p.append(Piece(text, "mapping"))
+        if m.notes:
+            p.append(Piece(f"Note: {m.notes}", "mapping.notes", atomic=False))
+    elif isinstance(unit, NormalizationUnit):
+        n = unit.normalization
+        p.append(Piece(f"Oggetto: {n.subject}\nRegola: {n.rule}", "normalization.rule"))
+        p.extend(Piece(f"Esempio: {ex.raw} → {ex.normalized}", f"normalization.examples[{i}]")
+                 for i, ex in enumerate(n.examples))
+    elif isinstance(unit, FormulaUnit):
+        f = unit.formula
+        p.append(Piece(f"Concetto: {f.concept}\nColonne: {', '.join(f.columns)}\n"
+                       f"Espressione SQL:\n{f.sql}", "formula"))
+    elif isinstance(unit, ReferenceUnit):
+        r = unit.reference
+        p.append(Piece(f"Riferimento: {r.label}\nURL: {r.url}", "reference.url"))
+        p.append(Piece(f"Descrizione: {r.description}", "reference.description", atomic=False))
+    return p
+
+
+_HEADING = re.compile(r"^#{1,6} ")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def body_pieces(body: str, title: str) -> list[Piece]:
+    """Body blocks: headings start sections, blank lines separate paragraphs, code blocks whole.
+
+    The leading ``# <title>`` heading that curated files carry is dropped (the header has it).
+    """
+    blocks: list[str] = []
+    current: list[str] = []
+    in_code = False
+    for line in body.splitlines():
+        if _FENCE.match(line):
+            current.append(line)
+            in_code = not in_code
+            if not in_code:
+                blocks.append("\n".join(current))
+                current = []
+            continue
+        if in_code:
+            current.append(line)
+            continue
+        if not line.strip() or _HEADING.match(line):
+            if current:
+                blocks.append("\n".join(current))
+                current = []
+            if line.strip():
+                blocks.append(line.strip())
+            continue
+        current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+    blocks = [b.strip() for b in blocks if b.strip()]
+    if blocks and blocks[0].lstrip("# ").strip() == title.strip():
+        blocks = blocks[1:]
+    pieces: list[Piece] = []
+    for i, block in enumerate(blocks):
+        atomic = block.lstrip().startswith(("```", "~~~")) or bool(re.fullmatch(r"\S+", block))
+        pieces.append(Piece(block, f"body[{i}]", atomic=atomic))
+    return pieces
+
+
+def _split_soft(text: str, limit: int) -> list[str]:
+    """Split a non-atomic paragraph at line, then sentence, then word boundaries."""
+    if len(text) <= limit:
+        return [text]
+    for sep_re in (r"\n", r"(?<=[.!?;:])\s+", r"\s+"):
+        parts = re.split(sep_re, text)
+        if len(parts) > 1:
+            out: list[str] = []
+            cur = ""
+            for part in parts:
+                candidate = f"{cur} {part}".strip() if cur else part
+                if len(candidate) <= limit:
+                    cur = candidate
+                else:
+                    if cur:
+                        out.append(cur)
+                    cur = part
+            if cur:
+                out.append(cur)
+            if all(len(o) <= limit for o in out):
+                return out
+    return [text]
+
+
+def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fragment]:
+    """Cut one unit into fragments; raises :class:`AtomicTooLarge` for an element that cannot
+    fit even alone with the header."""
+    head = header(unit)
+    budget = max_chunk_chars - len(head) - 2  # two newlines between header and content
+    pieces = typed_pieces(unit) + body_pieces(body, unit.title)
+    texts: list[str] = []
+    for piece in pieces:
+        if len(piece.text) <= budget:
+            texts.append(piece.text)
+            continue
+        if piece.atomic or budget <= 0:
+            raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
+        soft = _split_soft(piece.text, budget)
+        if any(len(s) > budget for s in soft):
+            raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
+        texts.extend(soft)
+    fragments: list[Fragment] = []
+    current: list[str] = []
+    for text in texts:
+        candidate = "\n\n".join([*current, text])
+        if current and len(candidate) > budget:
+            fragments.append(_fragment(unit, head, current, len(fragments)))
+            current = [text]
+        else:
+            current.append(text)
+    if current or not fragments:
+        fragments.append(_fragment(unit, head, current, len(fragments)))
+    return fragments
+
+
+def _fragment(unit: UnitBase, head: str, texts: list[str], ordinal: int) -> Fragment:
+    content = "\n\n".join(texts)
+    return Fragment(unit.id, ordinal, f"{head}\n\n{content}" if content else head)
+
+
+def atomic_problems(unit: UnitBase, body: str, max_chunk_chars: int) -> list[tuple[str, str]]:
+    """(field, message) for an atomic element too large for one fragment (empty when fine)."""
+    try:
+        build_fragments(unit, body, max_chunk_chars)
+    except AtomicTooLarge as exc:
+        return [(exc.field, str(exc))]
+    return []

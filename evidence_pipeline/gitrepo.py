@@ -1,0 +1,287 @@
+"""Git helpers for the authoring and publishing commands (GitPython over the git CLI).
+
+Authoring refuses to write over uncommitted work (spec §13.1); publishing reads a revision's
+committed tree, never the work tree, so what is indexed is exactly what was reviewed (§7.2, §8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+import git
+
+from evidence_runtime.errors import EvidenceError
+
+__all__ = [
+    "MARKER_NAME",
+    "GitError",
+    "changed_files",
+    "dirty_paths",
+    "materialize_revision",
+    "open_repo",
+    "require_clean",
+    "resolve_revision",
+]
+
+# Written last into a materialized tree; its presence with the right revision means "complete".
+MARKER_NAME = ".tht-materialized.json"
+MAX_LISTED = 10
+
+
+class GitError(EvidenceError):
+    """The workspace is not a usable Git work tree, is dirty, or a revision is unknown."""
+
+    code = "git_error"
+
+
+def open_repo(root: Path) -> git.Repo:
+    """The repository whose work tree top is ``root``; use it as a context manager to close it."""
+    root = Path(root)
+    if not root.is_dir():
+        raise GitError("workspace directory does not exist", path=str(root))
+    try:
+        repo = git.Repo(root)
+    except git.InvalidGitRepositoryError:
+        raise GitError(
+            "not a Git work tree (expected a repository whose top directory is the workspace)",
+            path=str(root),
+        ) from None
+    except git.NoSuchPathError:
+        raise GitError("workspace directory does not exist", path=str(root)) from None
+    except git.GitCommandNotFound:
+        raise GitError("the git command is not installed", path=str(root)) from None
+    if repo.bare:
+        repo.close()
+        raise GitError("a bare repository has no work tree", path=str(root))
+    return repo
+
+
+def _pathspecs(under: Sequence[str]) -> list[str]:
+    """Literal, top-relative pathspecs (no globbing); none (the whole tree) for ``.``."""
+    cleaned = [_clean_relpath(p) for p in under]
+    if "" in cleaned:
+        return []
+    return [f":(top,literal){p}" for p in cleaned]
+
+
+def _clean_relpath(path: str) -> str:
+    pure = PurePosixPath(str(path).replace("\\", "/"))
+    if pure.is_absolute() or ".." in pure.parts:
+        raise GitError(f"path must be relative to the repository and stay inside it: {path!r}")
+    cleaned = str(pure)
+    return "" if cleaned == "." else cleaned
+
+
+def _run_git(root: Path, action: str, repo: git.Repo, *args: str) -> str:
+    """Run ``git <args>`` in the work tree; stdout untouched (``-z`` output keeps its NULs)."""
+    try:
+        return repo.git.execute(["git", *args], strip_newline_in_stdout=False)
+    except git.GitCommandError as exc:
+        detail = str(exc.stderr or "").strip().removeprefix("stderr:").strip(" '\n")
+        raise GitError(f"cannot {action}: {detail or exc}", path=str(root)) from None
+
+
+def dirty_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
+    """Repo-relative paths with uncommitted changes (staged, unstaged or untracked, not
+    ignored) under ``under`` (the whole tree when empty), sorted."""
+    specs = _pathspecs(under)
+    with open_repo(root) as repo:
+        out = _run_git(
+            root,
+            "read the Git status",
+            repo,
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--ignore-submodules=none",
+            "--",
+            *specs,
+        )
+    entries = out.split("\0")
+    paths: set[str] = set()
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        xy, path = entry[:2], entry[3:]
+        paths.add(path)
+        if "R" in xy or "C" in xy:  # renames and copies carry the old path as the next entry
+            if i < len(entries) and entries[i]:
+                paths.add(entries[i])
+            i += 1
+    return sorted(paths)
+
+
+def require_clean(root: Path, under: Sequence[str] = (), *, what: str) -> None:
+    """Raise ``GitError`` naming up to ten dirty paths if ``under`` has uncommitted changes.
+
+    ``what`` is the refused action as a verb phrase, e.g. ``"write new proposals"``.
+    """
+    dirty = dirty_paths(root, under)
+    if not dirty:
+        return
+    scope = f" under {', '.join(under)}" if under else ""
+    listed = ", ".join(dirty[:MAX_LISTED])
+    more = f" and {len(dirty) - MAX_LISTED} more" if len(dirty) > MAX_LISTED else ""
+    raise GitError(
+        f"cannot {what}: {len(dirty)} uncommitted change(s){scope}: {listed}{more}; "
+        "commit or stash them first",
+        path=str(root),
+    )
+
+
+def resolve_revision(root: Path, rev: str = "HEAD") -> str:
+    """The full 40-hex commit id that ``rev`` names."""
+    if not rev or rev.startswith("-") or any(c.isspace() or c == "\0" for c in rev):
+        raise GitError(f"not a valid Git revision: {rev!r}", path=str(root))
+    with open_repo(root) as repo:
+        try:
+            sha = repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+        except git.GitCommandError:
+            if rev == "HEAD" and not repo.head.is_valid():
+                raise GitError("the repository has no commits yet", path=str(root)) from None
+            raise GitError(f"unknown Git revision {rev!r}", path=str(root)) from None
+    return sha.strip()
+
+
+def _read_marker(dest: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((dest / MARKER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_blob(blob: git.Blob, target: Path) -> None:
+    """One blob exactly as committed: raw bytes (no eol or smudge filters), mode kept; a
+    symbolic link stays a link, as a checkout would leave it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if stat.S_ISLNK(blob.mode):
+        os.symlink(os.fsdecode(blob.data_stream.read()), target)
+        return
+    with open(target, "wb") as fh:
+        shutil.copyfileobj(blob.data_stream, fh)
+    if blob.mode & 0o111:
+        target.chmod(target.stat().st_mode | 0o111)
+
+
+def _write_item(item: git.Blob | git.Tree | git.Submodule, target: Path) -> None:
+    if item.type == "blob":
+        _write_blob(item, target)
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    if item.type != "tree":  # a submodule's mount point, left empty as without --recursive
+        return
+    base = PurePosixPath(item.path)
+    for sub in item.traverse():
+        out = target / PurePosixPath(sub.path).relative_to(base)
+        if sub.type == "blob":
+            _write_blob(sub, out)
+        else:  # a directory, or a submodule's mount point (left empty, as without --recursive)
+            out.mkdir(parents=True, exist_ok=True)
+
+
+def materialize_revision(
+    root: Path, revision: str, dest: Path, *, paths: Sequence[str] = ()
+) -> Path:
+    """Write the committed tree of ``revision`` (only ``paths`` when given) into ``dest``.
+
+    The tree is built in a temporary directory beside ``dest`` and renamed into place, with a
+    marker naming the revision written last; an existing complete ``dest`` for the same
+    revision and paths is reused. A ``dest`` that is not a materialization is never replaced.
+    """
+    root, dest = Path(root), Path(dest)
+    sha = resolve_revision(root, revision)
+    wanted = _outermost({_clean_relpath(p) for p in paths})
+    expected = {"revision": sha, "paths": wanted}
+    if dest.exists() or dest.is_symlink():
+        marker = _read_marker(dest)
+        if marker == expected:
+            return dest
+        if marker is None or not dest.is_dir() or dest.is_symlink():
+            raise GitError(
+                "exists and is not a materialized revision; refusing to replace it",
+                path=str(dest),
+            )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        with open_repo(root) as repo:
+            tree = repo.commit(sha).tree
+            if not wanted:
+                _write_item(tree, tmp)
+            for sub in wanted:
+                try:
+                    item = tree / sub
+                except KeyError:
+                    raise GitError(
+                        f"path {sub!r} does not exist at revision {sha}", path=str(root)
+                    ) from None
+                _write_item(item, tmp / sub)
+        (tmp / MARKER_NAME).write_text(json.dumps(expected, indent=2) + "\n", encoding="utf-8")
+        tmp.chmod(0o755)
+        _swap_into_place(tmp, dest, expected)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _outermost(paths: set[str]) -> list[str]:
+    """Sorted paths without those inside another one; [] when the whole tree is asked for."""
+    if "" in paths:
+        return []
+    kept: list[str] = []
+    for path in sorted(paths):
+        if not any(path.startswith(f"{k}/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _swap_into_place(tmp: Path, dest: Path, expected: dict[str, object]) -> None:
+    old: Path | None = None
+    if dest.exists():  # an older materialization of another revision: move it aside first
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{tmp.name[-8:]}")
+        os.rename(dest, old)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        # Another process finished the same materialization first: keep theirs.
+        if _read_marker(dest) != expected:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def changed_files(
+    root: Path, old_rev: str, new_rev: str, *, under: Sequence[str] = ()
+) -> list[str]:
+    """Repo-relative paths that differ between two commits (a rename is its two paths), sorted."""
+    old_sha = resolve_revision(root, old_rev)
+    new_sha = resolve_revision(root, new_rev)
+    specs = _pathspecs(under)
+    with open_repo(root) as repo:
+        out = _run_git(
+            root,
+            "compare revisions",
+            repo,
+            "diff",
+            "--name-only",
+            "-z",
+            "--no-renames",
+            old_sha,
+            new_sha,
+            "--",
+            *specs,
+        )
+    return sorted({p for p in out.split("\0") if p})

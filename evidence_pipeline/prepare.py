@@ -1,0 +1,459 @@
+"""``tht evidence prepare``: changed sources → curated units, one model call per changed source.
+
+Deterministic intake and normalization, one restructuring call per changed source, validation of
+every output, and an all-or-nothing apply of curated files plus manifest (spec §5, §6).
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from evidence_pipeline.apply import Batch, apply_batch, recover
+from evidence_pipeline.backends.base import (
+    ModelBackend,
+    ModelBackendError,
+    ModelRequest,
+    PreviousUnit,
+    make_backend,
+)
+from evidence_pipeline.gitrepo import require_clean
+from evidence_pipeline.ids import assign_id
+from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.manifest import (
+    MANIFEST_NAME,
+    PIPELINE_VERSION,
+    Manifest,
+    SourceEntry,
+    dump_manifest,
+    empty_manifest,
+    read_manifest,
+)
+from evidence_pipeline.sources import Change, SourceChange, compare, intake
+from evidence_pipeline.validate import (
+    LoadedUnit,
+    Problem,
+    Severity,
+    SourceReader,
+    check_corpus,
+    check_unit,
+    corpus_files,
+    credential_problems,
+    load_units,
+    schema_problems,
+    sort_problems,
+)
+from evidence_runtime.curated import (
+    CuratedDocument,
+    curated_relpath,
+    document_from_unit,
+    dump_curated,
+    parse_curated,
+    render_body,
+)
+from evidence_runtime.errors import EvidenceError
+from evidence_runtime.units import SCHEMA_VERSION, UnitBase, parse_unit
+from evidence_runtime.workspace import Workspace, load_workspace
+from evidence_runtime.yamlio import to_rt
+
+RETIREMENT_CODE = "source_no_longer_supports_unit"
+
+
+class PrepareError(EvidenceError):
+    """The batch was refused; ``problems`` lists every problem found, nothing was written."""
+
+    code = "prepare_failed"
+
+    def __init__(self, message: str, problems: Sequence[Problem], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.problems = list(problems)
+
+
+@dataclass
+class SourceReport:
+    path: str
+    change: Change
+    units: list[str] = field(default_factory=list)
+    model_seconds: float | None = None
+    renamed_from: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change.value, "units": self.units,
+                "model_seconds": None if self.model_seconds is None
+                else round(self.model_seconds, 3),
+                "renamed_from": self.renamed_from}
+
+
+@dataclass
+class PrepareResult:
+    status: str  # "unchanged" | "applied" | "recovered"
+    sources: list[SourceReport]
+    model_calls: int
+    written: list[str]
+    deleted: list[str]
+    diff: str
+    recovered: list[str]
+    review_items: int
+    orphans: list[str]
+    retirement_candidates: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "model_calls": self.model_calls,
+            "sources": [s.to_json() for s in self.sources],
+            "written": self.written,
+            "deleted": self.deleted,
+            "review_items": self.review_items,
+            "orphans": self.orphans,
+            "retirement_candidates": self.retirement_candidates,
+            "recovered": self.recovered,
+            "problems": [],
+        }
+
+
+@dataclass
+class _Existing:
+    rel_path: str  # relative to evidence/
+    doc: CuratedDocument
+    unit: UnitBase
+
+
+Progress = Callable[[SourceReport], None]
+
+
+def _evidence_rel(ws: Workspace) -> str:
+    return ws.config.evidence.root.strip("/")
+
+
+def load_existing(ws: Workspace) -> tuple[dict[str, _Existing], list[Problem]]:
+    """Every current curated unit by id; problems for files that cannot be read."""
+    evidence_dir = ws.evidence_dir
+    rels = corpus_files(evidence_dir, ws.config.evidence.patterns)
+    loaded, problems = load_units(evidence_dir, rels, shown_prefix=f"{_evidence_rel(ws)}/",
+                                  sources=SourceReader(evidence_dir), check=False)
+    out: dict[str, _Existing] = {}
+    unreadable: set[str] = set()
+    for item in loaded:
+        if item.unit is not None and item.doc is not None:
+            out[item.unit.id] = _Existing(item.rel_path, item.doc, item.unit)
+        else:
+            unreadable.add(f"{_evidence_rel(ws)}/{item.rel_path}")
+    # a file that cannot be read as a unit stops prepare (its id is unknown, ids could clash);
+    # content problems of readable units are left to validate
+    return out, [p for p in problems if p.path in unreadable]
+
+
+def prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
+            progress: Progress | None = None,
+            backend_factory: Callable[[str, dict[str, Any]], ModelBackend] = make_backend,
+            ) -> PrepareResult:
+    """Run prepare on a workspace; raises :class:`PrepareError` (nothing written) on failure."""
+    ws = load_workspace(root)
+    local = ws.root / ".tht"
+    with workspace_lock(local, what="prepare"):
+        recovered = recover(ws.root, local)
+        if any(line.startswith("completed") for line in recovered):
+            # an interrupted apply was rolled forward: that is this run's change to review
+            return PrepareResult(status="recovered", sources=[], model_calls=0, written=[],
+                                 deleted=[], diff="", recovered=recovered, review_items=0,
+                                 orphans=[], retirement_candidates=[])
+        ev = _evidence_rel(ws)
+        if upgrade:
+            require_clean(ws.root, (), what="prepare --upgrade")
+        else:
+            require_clean(ws.root, (f"{ev}/curated", f"{ev}/{MANIFEST_NAME}"), what="prepare")
+        manifest = read_manifest(ws.evidence_dir, shown=f"{ev}/{MANIFEST_NAME}")
+        if manifest is None:
+            manifest = empty_manifest()
+        elif manifest.pipeline_version != PIPELINE_VERSION and not upgrade:
+            raise EvidenceError(
+                f"manifest pipeline_version {manifest.pipeline_version} is not compatible with "
+                f"this installation ({PIPELINE_VERSION}); nothing was written. Run "
+                "`tht evidence prepare --upgrade` on a clean repository to reprocess everything",
+                path=f"{ev}/{MANIFEST_NAME}", field="pipeline_version",
+                code="pipeline_version_incompatible")
+        sources, intake_errors = intake(ws.evidence_dir)
+        problems: list[Problem] = [
+            Problem(e.code, Severity.error, f"{ev}/{e.path}" if e.path else None, None,
+                    e.message) for e in intake_errors]
+        existing, fatal = load_existing(ws)
+        problems.extend(fatal)
+        changes = compare(sources, manifest, everything=upgrade)
+        planner = _Planner(ws, manifest, existing, progress)
+        backend_name = backend or ws.config.model.backend
+        model: ModelBackend | None = None
+        for change in changes:
+            if change.change in {Change.changed, Change.new}:
+                if model is None:
+                    model = backend_factory(backend_name, ws.config.model.settings())
+                problems.extend(planner.restructure(change, model))
+            elif change.change is Change.renamed:
+                planner.rename(change)
+            elif change.change is Change.removed:
+                planner.remove(change)
+            else:
+                planner.unchanged(change)
+        if not problems:
+            problems.extend(planner.check_batch())
+        errors = [p for p in problems if p.severity is Severity.error]
+        if errors:
+            raise PrepareError(
+                f"prepare refused: {len(errors)} problem(s); the work tree was not changed",
+                sort_problems(errors))
+        batch, diff = planner.batch()
+        if upgrade or not batch.is_empty():
+            apply_batch(ws.root, local, batch, name=f"prepare-{time.time_ns()}")
+        new_manifest = planner.manifest
+        return PrepareResult(
+            status="applied" if not batch.is_empty() else "unchanged",
+            sources=planner.reports,
+            model_calls=planner.model_calls,
+            written=sorted(batch.writes),
+            deleted=sorted(batch.deletes),
+            diff=diff,
+            recovered=recovered,
+            review_items=planner.review_items,
+            orphans=sorted(new_manifest.orphans),
+            retirement_candidates=sorted(new_manifest.retirement_candidates),
+        )
+
+
+class _Planner:
+    """Accumulates the new state of curated files and manifest for one prepare batch."""
+
+    def __init__(self, ws: Workspace, manifest: Manifest, existing: dict[str, _Existing],
+                 progress: Progress | None) -> None:
+        self.ws = ws
+        self.ev = _evidence_rel(ws)
+        self.old_manifest = manifest
+        self.manifest = Manifest(
+            pipeline_version=PIPELINE_VERSION,
+            sources={},
+            orphans=list(manifest.orphans),
+            retirement_candidates=list(manifest.retirement_candidates),
+        )
+        self.existing = existing
+        self.progress = progress
+        self.reports: list[SourceReport] = []
+        self.model_calls = 0
+        self.review_items = 0
+        self.taken: set[str] = set(existing) | manifest.all_unit_ids() | set(manifest.orphans)
+        # evidence-relative path → new document (None = delete)
+        self.outputs: dict[str, CuratedDocument | None] = {}
+        self.touched_ids: set[str] = set()
+        self.sources = SourceReader(ws.evidence_dir)
+
+    # --- per source ----------------------------------------------------------------------
+
+    def _report(self, report: SourceReport) -> None:
+        self.reports.append(report)
+        if self.progress:
+            self.progress(report)
+
+    def unchanged(self, change: SourceChange) -> None:
+        entry = self.old_manifest.sources[change.path]
+        self.manifest.sources[change.path] = SourceEntry(sha256=entry.sha256,
+                                                         units=list(entry.units))
+        self._report(SourceReport(change.path, Change.unchanged, sorted(entry.units)))
+
+    def remove(self, change: SourceChange) -> None:
+        entry = self.old_manifest.sources[change.path]
+        for eid in entry.units:
+            if eid not in self.manifest.orphans:
+                self.manifest.orphans.append(eid)
+        self._report(SourceReport(change.path, Change.removed, sorted(entry.units)))
+
+    def rename(self, change: SourceChange) -> None:
+        assert change.source is not None and change.renamed_from is not None
+        old = self.old_manifest.sources[change.renamed_from]
+        for eid in old.units:
+            item = self.existing.get(eid)
+            if item is None:
+                continue
+            doc = _copy_doc(item.doc)
+            doc.front["provenance"]["source_file"] = change.path
+            doc.front["provenance"]["source_sha256"] = change.source.sha256
+            self.outputs[item.rel_path] = doc
+            self.touched_ids.add(eid)
+        self.manifest.sources[change.path] = SourceEntry(sha256=change.source.sha256,
+                                                         units=list(old.units))
+        self._report(SourceReport(change.path, Change.renamed, sorted(old.units),
+                                  renamed_from=change.renamed_from))
+
+    def restructure(self, change: SourceChange, model: ModelBackend) -> list[Problem]:
+        src = change.source
+        assert src is not None
+        shown_src = f"{self.ev}/{src.path}"
+        previous_ids = list(self.old_manifest.sources.get(src.path, SourceEntry(
+            sha256=src.sha256)).units)
+        previous = tuple(
+            PreviousUnit(id=eid, data=self.existing[eid].doc.data(),
+                         body=self.existing[eid].doc.body)
+            for eid in previous_ids if eid in self.existing)
+        request = ModelRequest(
+            source_file=src.path, source_sha256=src.sha256, normalized_text=src.normalized,
+            language=self.ws.config.language_code, previous_units=previous,
+            max_chunk_chars=self.ws.config.embeddings.max_chunk_chars)
+        started = time.perf_counter()
+        self.model_calls += 1
+        try:
+            reply = model.restructure(request)
+        except ModelBackendError as exc:
+            self._report(SourceReport(src.path, change.change, [],
+                                      time.perf_counter() - started))
+            return [Problem(exc.code, Severity.error, shown_src, exc.evidence_id,
+                            exc.message, exc.field)]
+        elapsed = time.perf_counter() - started
+        problems: list[Problem] = []
+        unit_ids: list[str] = []
+        returned: set[str] = set()
+        for index, proposed in enumerate(reply.units):
+            eid = proposed.id
+            if eid is not None and eid in returned:
+                problems.append(Problem("model_invalid_output", Severity.error, shown_src, eid,
+                                        f"unit {index + 1}: the same id is returned twice"))
+                continue
+            if eid is None:
+                title = str(proposed.data.get("title") or "unit")
+                eid = assign_id(title, self.taken)
+            returned.add(eid)
+            data = dict(proposed.data)
+            excerpts = data.pop("supporting_excerpts", None)
+            data.pop("source_file", None)
+            full = {
+                "schema_version": SCHEMA_VERSION,
+                "id": eid,
+                **{k: v for k, v in data.items() if k not in {"schema_version", "id",
+                                                              "language", "provenance"}},
+                "language": self.ws.config.language_code,
+                "provenance": {"source_file": src.path, "source_sha256": src.sha256,
+                               "supporting_excerpts": excerpts},
+            }
+            full.setdefault("review_items", [])
+            try:
+                unit = parse_unit(full)
+            except ValidationError as exc:
+                shown = f"{self.ev}/curated/{data.get('kind', '?')}/{eid.split(':', 1)[1]}.md"
+                problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
+                continue
+            new_rel = curated_relpath(unit)
+            old = self.existing.get(eid)
+            if old is not None:
+                keep_rel = old.rel_path
+                # a reclassification keeps the id and moves the file to its kind directory
+                if not keep_rel.startswith(f"curated/{unit.kind.value}/"):
+                    self.outputs[keep_rel] = None
+                    keep_rel = new_rel
+                new_rel = keep_rel
+            body = proposed.body if proposed.body.strip() else None
+            doc = document_from_unit(unit, render_body(unit, body) if body is not None
+                                     else render_body(unit))
+            if old is not None and _same_content(old.doc, doc):
+                doc = old.doc  # nothing changed for this unit: keep its bytes
+            shown = f"{self.ev}/{new_rel}"
+            problems.extend(credential_problems(doc.data(), doc.body, path=shown,
+                                                evidence_id=eid))
+            problems.extend(p for p in check_unit(unit, rel_path=new_rel, sources=self.sources,
+                                                  shown_path=shown)
+                            if p.severity is Severity.error)
+            self.review_items += len(unit.review_items)
+            self.outputs[new_rel] = doc
+            self.touched_ids.add(eid)
+            unit_ids.append(eid)
+            if eid in self.manifest.retirement_candidates and not any(
+                    r.code == RETIREMENT_CODE for r in unit.review_items):
+                self.manifest.retirement_candidates.remove(eid)
+
+        # previous units: proposed for retirement, or silently dropped by the model — both
+        # become retirement candidates; a reviewed unit is never deleted by prepare
+        retire = {r.id: r.message for r in reply.retirement_candidates}
+        for eid in previous_ids:
+            if eid in returned:
+                continue
+            message = retire.get(eid) or "the restructured source no longer yields this unit"
+            item = self.existing.get(eid)
+            if item is not None:
+                doc = _copy_doc(item.doc)
+                items = doc.front.setdefault("review_items", [])
+                if not any(str(i.get("code")) == RETIREMENT_CODE for i in items):
+                    items.append(to_rt({"code": RETIREMENT_CODE, "message": message}))
+                    self.outputs[item.rel_path] = doc
+                    self.touched_ids.add(eid)
+                self.review_items += 1
+            if eid not in self.manifest.retirement_candidates:
+                self.manifest.retirement_candidates.append(eid)
+            unit_ids.append(eid)
+        self.manifest.sources[src.path] = SourceEntry(sha256=src.sha256, units=sorted(unit_ids))
+        self._report(SourceReport(src.path, change.change, sorted(unit_ids), elapsed))
+        return problems
+
+    # --- whole batch ---------------------------------------------------------------------
+
+    def check_batch(self) -> list[Problem]:
+        """Corpus rules on the would-be state (ids unique, manifest consistent)."""
+        by_rel: dict[str, LoadedUnit] = {}
+        for eid, item in self.existing.items():
+            by_rel[item.rel_path] = LoadedUnit(item.rel_path, item.doc, item.unit)
+            del eid
+        for rel, doc in self.outputs.items():
+            if doc is None:
+                by_rel.pop(rel, None)
+            else:
+                by_rel[rel] = LoadedUnit(rel, doc, doc.unit())
+        problems = check_corpus(list(by_rel.values()), self.manifest,
+                                shown_prefix=f"{self.ev}/", sources=self.sources)
+        return [p for p in problems if p.severity is Severity.error]
+
+    def batch(self) -> tuple[Batch, str]:
+        """The file changes (relative to the workspace root) and a unified diff of them."""
+        batch = Batch()
+        diff_parts: list[str] = []
+        for rel, doc in sorted(self.outputs.items()):
+            target = f"{self.ev}/{rel}"
+            path = self.ws.root / target
+            old = path.read_bytes() if path.is_file() else None
+            if doc is None:
+                if old is not None:
+                    batch.deletes.add(target)
+                    diff_parts.append(_diff(target, old, None))
+                continue
+            new = dump_curated(doc).encode("utf-8")
+            if new != old:
+                batch.writes[target] = new
+                diff_parts.append(_diff(target, old, new))
+        manifest_rel = f"{self.ev}/{MANIFEST_NAME}"
+        mpath = self.ws.root / manifest_rel
+        old_m = mpath.read_bytes() if mpath.is_file() else None
+        self.manifest.orphans = sorted(set(self.manifest.orphans))
+        self.manifest.retirement_candidates = sorted(set(self.manifest.retirement_candidates))
+        if old_m is None or self.manifest.to_data() != self.old_manifest.to_data() \
+                or batch.writes or batch.deletes:
+            new_m = dump_manifest(self.manifest).encode("utf-8")
+            if new_m != old_m:
+                batch.writes[manifest_rel] = new_m
+                diff_parts.append(_diff(manifest_rel, old_m, new_m))
+        return batch, "".join(diff_parts)
+
+
+def _copy_doc(doc: CuratedDocument) -> CuratedDocument:
+    return parse_curated(dump_curated(doc), path=doc.path)
+
+
+def _same_content(old: CuratedDocument, new: CuratedDocument) -> bool:
+    return old.data() == new.data() and old.body == new.body
+
+
+def _diff(rel: str, old: bytes | None, new: bytes | None) -> str:
+    a = old.decode("utf-8", "replace").splitlines(keepends=True) if old is not None else []
+    b = new.decode("utf-8", "replace").splitlines(keepends=True) if new is not None else []
+    lines = difflib.unified_diff(a, b, fromfile=f"a/{rel}" if old is not None else "/dev/null",
+                                 tofile=f"b/{rel}" if new is not None else "/dev/null")
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return text

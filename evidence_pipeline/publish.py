@@ -1,0 +1,327 @@
+"""Publishing (spec §7.2, §8, §13.2): the activated revision becomes a new, evaluated generation.
+
+``activate`` records the workspace revision in the registry. ``preprocess`` materializes that
+revision from Git, validates the whole corpus again, cuts fragments, embeds them (cached),
+uploads a candidate generation beside the active one, verifies it, evaluates it, and only then
+switches the active pointer in one registry update. Any failure leaves the previous generation
+active and removes the candidate's points (best effort: without activation they are never read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from evidence_pipeline.evalset import read_evaluation
+from evidence_pipeline.evaluate import EvaluationReport, evaluate
+from evidence_pipeline.fragments import AtomicTooLarge, Fragment, build_fragments
+from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
+from evidence_pipeline.validate import LoadedUnit, Problem, Severity, validate_evidence_dir
+from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
+from evidence_runtime.embeddings import Embedder, make_embedder
+from evidence_runtime.errors import EvidenceError
+from evidence_runtime.index import EvidenceIndex, IndexPoint, open_index
+from evidence_runtime.registry import Generation, GenerationStatus, Registry
+from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, index_config
+from evidence_runtime.workspace import Workspace, load_workspace
+
+POINT_NAMESPACE = uuid.UUID("6f1c1a52-3d0e-5b8e-9a57-4d2b0e7c9a10")
+
+
+class PublishError(EvidenceError):
+    """Publication refused or failed; the previous generation stays active."""
+
+    code = "publish_failed"
+
+    def __init__(self, message: str, problems: list[Problem] | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.problems = problems or []
+
+
+@dataclass
+class ActivationResult:
+    revision: str
+    reactivated_generation: int | None
+
+
+@dataclass
+class PublishResult:
+    generation: int
+    revision: str
+    activated: bool
+    evaluation: EvaluationReport | None
+    counts: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+    retired_points_deleted: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "revision": self.revision,
+                "activated": self.activated,
+                "evaluation": self.evaluation.summary if self.evaluation else None,
+                "counts": self.counts,
+                "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+
+
+Progress = Callable[[str], None]
+
+
+def point_id(workspace_id: str, generation: int, evidence_id: str, ordinal: int) -> str:
+    """Point ids derive from identity: (workspace, generation, evidence id, fragment ordinal)."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{workspace_id}\0{generation}\0{evidence_id}\0"
+                                           f"{ordinal}"))
+
+
+def open_registry(ws: Workspace) -> Registry:
+    ws.state_dir.mkdir(parents=True, exist_ok=True)
+    return Registry.open(ws.registry_url)
+
+
+def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
+    """Record the activated revision (default: HEAD of a clean tree).
+
+    When a retained generation of that revision exists, it becomes active again at once
+    (explicit rollback, §13.2) without re-indexing.
+    """
+    ws = load_workspace(root)
+    if revision is None:
+        require_clean(ws.root, (), what="activate HEAD")
+        sha = resolve_revision(ws.root, "HEAD")
+    else:
+        sha = resolve_revision(ws.root, revision)
+    with open_registry(ws) as registry:
+        registry.activate_revision(ws.config.workspace_id, sha)
+        previous = registry.latest_generation_for_revision(ws.config.workspace_id, sha)
+        reactivated = None
+        if previous is not None and previous.counts.get("points_retained", True):
+            registry.activate_generation(ws.config.workspace_id, previous.number)
+            reactivated = previous.number
+    return ActivationResult(sha, reactivated)
+
+
+def fragment_payload(ws: Workspace, revision: str, generation: int, item: LoadedUnit,
+                     fragment: Fragment) -> dict[str, Any]:
+    """Every payload field of §9.6, plus what a result needs to be shown without file reads."""
+    unit = item.unit
+    assert unit is not None
+    return {
+        "workspace_id": ws.config.workspace_id,
+        "workspace_revision": revision,
+        "vector_generation": generation,
+        "record_kind": RECORD_KIND,
+        "evidence_id": unit.id,
+        "evidence_kind": unit.kind.value,
+        "purposes": [p.value for p in unit.purposes],
+        "concepts": list(unit.applies_to.concepts),
+        "tables": list(unit.applies_to.tables),
+        "columns": list(unit.applies_to.columns),
+        "language": unit.language,
+        "source_file": unit.provenance.source_file,
+        "source_sha256": unit.provenance.source_sha256,
+        "fragment_ordinal": fragment.ordinal,
+        "title": unit.title,
+        "text": fragment.text,
+        "supporting_excerpts": list(unit.provenance.supporting_excerpts),
+        "curated_path": f"{ws.config.evidence.root}/{item.rel_path}",
+    }
+
+
+def preprocess(root: Any, *, progress: Progress | None = None,
+               embedder: Embedder | None = None,
+               index_factory: Callable[[Workspace, int], EvidenceIndex] | None = None,
+               ) -> PublishResult:
+    """``tht workspace preprocess evidence``: build, verify, evaluate and activate a generation.
+
+    Raises :class:`PublishError` when the corpus is not publishable, the gate fails or any step
+    fails; the previous generation then stays active.
+    """
+    say = progress or (lambda _msg: None)
+    ws = load_workspace(root)
+    wid = ws.config.workspace_id
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with open_registry(ws) as registry:
+        revision = registry.activated_revision(wid)
+        if revision is None:
+            raise PublishError("no revision is activated for this workspace; run "
+                               "`tht workspace activate` first", path=str(ws.root))
+        say(f"revision {revision[:12]}: materializing from Git")
+        mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
+        evidence_dir = mat / ws.config.evidence.root
+        report, loaded = validate_evidence_dir(evidence_dir,
+                                               patterns=ws.config.evidence.patterns,
+                                               shown_prefix=f"{ws.config.evidence.root}/")
+        if report.status.value != "publishable":
+            raise PublishError(
+                f"revision {revision[:12]} is {report.status.value}: "
+                f"{len(report.problems)} problem(s) block publication", report.problems)
+        evalset = read_evaluation(evidence_dir)
+        timings["validate_s"] = time.perf_counter() - t0
+
+        # fragments
+        t = time.perf_counter()
+        max_chars = ws.config.embeddings.max_chunk_chars
+        frags: list[tuple[LoadedUnit, Fragment]] = []
+        problems: list[Problem] = []
+        for item in loaded:
+            assert item.unit is not None and item.doc is not None
+            try:
+                for fr in build_fragments(item.unit, item.doc.body, max_chars):
+                    frags.append((item, fr))
+            except AtomicTooLarge as exc:
+                problems.append(Problem("atomic_content_too_large", Severity.error,
+                                        f"{ws.config.evidence.root}/{item.rel_path}",
+                                        item.unit.id, str(exc), exc.field))
+        if problems:
+            raise PublishError("atomic elements do not fit in one fragment", problems)
+        timings["fragments_s"] = time.perf_counter() - t
+        say(f"{len(loaded)} units → {len(frags)} fragments")
+
+        # embeddings (cached by model and text)
+        t = time.perf_counter()
+        emb = embedder or make_embedder(ws.config.embeddings.model, max_chunk_chars=max_chars,
+                                        threads=ws.config.embeddings.threads)
+        cache = VectorCache(ws.state_dir / "vectors.sqlite3")
+        try:
+            vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache)
+        finally:
+            cache.close()
+        timings["embed_s"] = time.perf_counter() - t
+        say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
+
+        index = index_factory(ws, emb.dim) if index_factory else open_index(
+            index_config(ws), language=ws.config.language, dense_dim=emb.dim, create=True)
+        try:
+            return _publish(ws, registry, index, emb, revision, loaded, frags, vectors,
+                            evalset, computed, timings, say, t0)
+        finally:
+            index.close()
+
+
+def _publish(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+             revision: str, loaded: list[LoadedUnit], frags: list[tuple[LoadedUnit, Fragment]],
+             vectors: Any, evalset: Any, computed: int, timings: dict[str, float],
+             say: Progress, t0: float) -> PublishResult:
+    wid = ws.config.workspace_id
+    index.ensure_schema(dense_dim=emb.dim)
+    config = {"embedder": emb.model_id, "dim": emb.dim,
+              "max_chunk_chars": ws.config.embeddings.max_chunk_chars,
+              "rrf_k": ws.config.index.rrf_k, "prefetch_limit": ws.config.index.prefetch_limit,
+              "bm25_language": ws.config.language, "engine": ws.config.index.engine}
+    gen: Generation = registry.new_generation(wid, revision, config)
+    say(f"candidate generation {gen.number}")
+    try:
+        t = time.perf_counter()
+        points = [IndexPoint(id=point_id(wid, gen.number, item.unit.id, fr.ordinal),
+                             dense=vectors[i], text=fr.text,
+                             payload=fragment_payload(ws, revision, gen.number, item, fr))
+                  for i, (item, fr) in enumerate(frags) if item.unit is not None]
+        index.upsert(points)
+        timings["upload_s"] = time.perf_counter() - t
+        say(f"uploaded {len(points)} point(s)")
+
+        t = time.perf_counter()
+        counts = verify_generation(index, wid, gen.number, revision, points, loaded)
+        counts["fragments_embedded"] = computed
+        timings["verify_s"] = time.perf_counter() - t
+        say("verified counts, ids and readability")
+
+        t = time.perf_counter()
+        searcher = EvidenceSearcher.for_workspace(ws, index=index, registry=registry,
+                                                  embedder=emb)
+        kinds = {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
+        report = evaluate(searcher, evalset, unit_kinds=kinds, generation=gen.number)
+        timings["evaluate_s"] = time.perf_counter() - t
+        registry.update_generation(wid, gen.number, counts=counts, evaluation=report.to_json())
+        if not report.gate_passed:
+            missed = [q["id"] for q in report.queries if not q["hit_at_10"]]
+            registry.update_generation(wid, gen.number, status=GenerationStatus.failed)
+            _discard(index, wid, gen.number)
+            raise GateFailed(report, f"evaluation gate failed: {len(missed)} query(ies) without "
+                                     f"an expected unit in the fused top 10: "
+                                     f"{', '.join(missed[:10])}")
+        registry.activate_generation(wid, gen.number)
+        say(f"generation {gen.number} is active")
+    except GateFailed:
+        raise
+    except BaseException as exc:
+        with contextlib.suppress(EvidenceError):
+            registry.update_generation(wid, gen.number, status=GenerationStatus.failed)
+        _discard(index, wid, gen.number)
+        if isinstance(exc, EvidenceError) and not isinstance(exc, PublishError):
+            raise PublishError(f"generation {gen.number} failed: {exc}",
+                               code=exc.code) from exc
+        raise
+    deleted = apply_retention(registry, index, wid, ws.config.publish.retention)
+    timings["total_s"] = time.perf_counter() - t0
+    return PublishResult(generation=gen.number, revision=revision, activated=True,
+                         evaluation=report, counts=counts, timings=timings,
+                         retired_points_deleted=deleted)
+
+
+class GateFailed(PublishError):
+    code = "evaluation_gate_failed"
+
+    def __init__(self, report: EvaluationReport, message: str) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def verify_generation(index: EvidenceIndex, wid: str, generation: int, revision: str,
+                      points: list[IndexPoint], loaded: list[LoadedUnit]) -> dict[str, Any]:
+    """Counts per unit and fragment, ids, readability and agreement with the corpus."""
+    match = {"workspace_id": wid, "vector_generation": generation, "record_kind": RECORD_KIND}
+    expected_ids = sorted(p.id for p in points)
+    total = index.count(match)
+    if total != len(points):
+        raise PublishError(f"verification failed: {total} points in generation {generation}, "
+                           f"expected {len(points)}", code="verification_failed")
+    if index.scroll_ids(match) != expected_ids:
+        raise PublishError("verification failed: point ids differ from the fragments built",
+                           code="verification_failed")
+    units = {item.unit.id for item in loaded if item.unit}
+    point_units = {p.payload["evidence_id"] for p in points}
+    if units != point_units:
+        raise PublishError("verification failed: units without points: "
+                           f"{sorted(units - point_units)[:5]}", code="verification_failed")
+    if points:
+        probe = points[0]
+        hits = index.query(dense=probe.dense, text=probe.text,
+                           match={**match, "workspace_revision": revision,
+                                  "evidence_id": probe.payload["evidence_id"]},
+                           limit=50, mode="fused")
+        if probe.id not in {h.id for h in hits}:
+            raise PublishError("verification failed: a fragment cannot be read back",
+                               code="verification_failed")
+    per_kind: dict[str, int] = {}
+    for item in loaded:
+        if item.unit:
+            per_kind[item.unit.kind.value] = per_kind.get(item.unit.kind.value, 0) + 1
+    return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
+
+
+def _discard(index: EvidenceIndex, wid: str, generation: int) -> None:
+    """Best-effort removal of a candidate's points (unreadable anyway without activation)."""
+    # compensation must never hide the original failure
+    with contextlib.suppress(Exception):
+        index.delete({"workspace_id": wid, "vector_generation": generation,
+                      "record_kind": RECORD_KIND})
+
+
+def apply_retention(registry: Registry, index: EvidenceIndex, wid: str, keep: int) -> list[int]:
+    """Keep the points of the newest ``keep`` active/retired generations; delete older ones."""
+    gens = [g for g in registry.generations(wid)
+            if g.status in (GenerationStatus.active, GenerationStatus.retired)
+            and g.counts.get("points_retained", True)]
+    deleted: list[int] = []
+    for g in gens[keep:]:
+        if g.status is GenerationStatus.active:
+            continue
+        index.delete({"workspace_id": wid, "vector_generation": g.number,
+                      "record_kind": RECORD_KIND})
+        registry.update_generation(wid, g.number, counts={**g.counts, "points_retained": False})
+        deleted.append(g.number)
+    return deleted

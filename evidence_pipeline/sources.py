@@ -1,0 +1,183 @@
+"""Source intake (spec §5.1): allowed files, size, strict UTF-8, safe paths, hashes, changes.
+
+Every refusal is a typed error naming the file; nothing here writes.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+
+from evidence_pipeline.manifest import Manifest
+from evidence_pipeline.normalize import normalize_text
+from evidence_pipeline.validate import sha256_bytes
+from evidence_runtime.curated import decode_text
+from evidence_runtime.errors import EvidenceError, UnitFormatError
+
+ALLOWED_SUFFIXES = (".sql.md", ".md", ".txt")
+MAX_SOURCE_BYTES = 512 * 1024
+MAX_LINE_CHARS = 20_000
+
+
+class SourceError(EvidenceError):
+    """A source file cannot be taken in (encoding, size, path, type)."""
+
+    code = "source_invalid"
+
+
+class Change(StrEnum):
+    unchanged = "unchanged"
+    changed = "changed"
+    new = "new"
+    removed = "removed"
+    renamed = "renamed"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source note taken in: path relative to evidence/, hash, normalized text."""
+
+    path: str
+    sha256: str
+    text: str
+    normalized: str
+
+
+@dataclass(frozen=True)
+class SourceChange:
+    path: str
+    change: Change
+    source: Source | None  # None for removed sources
+    renamed_from: str | None = None
+
+
+def check_rel_path(rel: str) -> None:
+    """Refuse unsafe names: absolute, ``..``, backslashes, control or format characters."""
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or rel.startswith("/"):
+        raise SourceError("absolute paths are not allowed", path=rel, code="unsafe_path")
+    if ".." in pure.parts:
+        raise SourceError("'..' is not allowed in a source path", path=rel, code="unsafe_path")
+    if "\\" in rel:
+        raise SourceError("backslashes are not allowed in a source path", path=rel,
+                          code="unsafe_path")
+    for ch in rel:
+        if unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp"}:
+            raise SourceError(f"the file name contains a control character (U+{ord(ch):04X})",
+                              path=repr(rel), code="unsafe_path")
+
+
+def _allowed(name: str) -> bool:
+    return name.endswith(ALLOWED_SUFFIXES)
+
+
+def read_source(evidence_dir: Path, rel: str) -> Source:
+    """Take in one source file (strict checks) and normalize it mechanically."""
+    check_rel_path(rel)
+    file = evidence_dir / rel
+    base = (evidence_dir / "source").resolve()
+    if file.is_symlink() and not file.resolve().is_relative_to(base):
+        raise SourceError("symlink leaves the source/ tree", path=rel, code="unsafe_path")
+    if not file.resolve().is_relative_to(base):
+        raise SourceError("path leaves the source/ tree", path=rel, code="unsafe_path")
+    if not file.is_file():
+        raise SourceError("not a regular file", path=rel, code="unsafe_path")
+    size = file.stat().st_size
+    if size > MAX_SOURCE_BYTES:
+        raise SourceError(f"file is {size} bytes, larger than the {MAX_SOURCE_BYTES} byte limit",
+                          path=rel, code="source_too_large")
+    raw = file.read_bytes()
+    try:
+        text = decode_text(raw, path=rel)
+    except UnitFormatError as exc:
+        raise SourceError(exc.message, path=rel, code="source_encoding_invalid") from None
+    longest = max((len(line) for line in text.splitlines()), default=0)
+    if longest > MAX_LINE_CHARS:
+        raise SourceError(f"a line has {longest} characters (limit {MAX_LINE_CHARS})", path=rel,
+                          code="source_too_large")
+    return Source(path=rel, sha256=sha256_bytes(raw), text=text, normalized=normalize_text(text))
+
+
+def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
+    """Relative paths of the candidate sources, and errors for entries that must be refused.
+
+    Hidden files are skipped; files with another extension are refused (the spec accepts
+    Markdown, UTF-8 text and ``.sql.md`` only).
+    """
+    root = evidence_dir / "source"
+    found: list[str] = []
+    errors: list[SourceError] = []
+    if not root.is_dir():
+        return found, errors
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        here = Path(dirpath)
+        for d in list(dirnames):
+            if (here / d).is_symlink():
+                rel = (here / d).relative_to(evidence_dir).as_posix()
+                errors.append(SourceError("symlinked directories are not followed", path=rel,
+                                          code="unsafe_path"))
+                dirnames.remove(d)
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            rel = (here / name).relative_to(evidence_dir).as_posix()
+            if not _allowed(name):
+                errors.append(SourceError("only .md, .txt and .sql.md sources are accepted",
+                                          path=rel, code="source_type_not_allowed"))
+                continue
+            found.append(rel)
+    return sorted(found), errors
+
+
+def intake(evidence_dir: Path) -> tuple[dict[str, Source], list[SourceError]]:
+    """Read every acceptable source; the errors list every refusal (nothing is skipped silently)."""
+    paths, errors = list_sources(evidence_dir)
+    sources: dict[str, Source] = {}
+    for rel in paths:
+        try:
+            sources[rel] = read_source(evidence_dir, rel)
+        except SourceError as exc:
+            errors.append(exc)
+    return sources, errors
+
+
+def compare(sources: dict[str, Source], manifest: Manifest,
+            *, everything: bool = False) -> list[SourceChange]:
+    """Classify each source against the manifest; a rename is a new source whose hash matches
+    exactly one removed source (and no other new source)."""
+    known = manifest.sources
+    removed = sorted(p for p in known if p not in sources)
+    new = sorted(p for p in sources if p not in known)
+    changes: dict[str, SourceChange] = {}
+    by_hash_removed: dict[str, list[str]] = {}
+    for p in removed:
+        by_hash_removed.setdefault(known[p].sha256, []).append(p)
+    by_hash_new: dict[str, list[str]] = {}
+    for p in new:
+        by_hash_new.setdefault(sources[p].sha256, []).append(p)
+    renamed_old: set[str] = set()
+    for p in new:
+        sha = sources[p].sha256
+        olds = by_hash_removed.get(sha, [])
+        if len(olds) == 1 and len(by_hash_new[sha]) == 1:
+            changes[p] = SourceChange(p, Change.renamed, sources[p], renamed_from=olds[0])
+            renamed_old.add(olds[0])
+        else:
+            changes[p] = SourceChange(p, Change.new, sources[p])
+    for p, src in sources.items():
+        if p in known:
+            same = known[p].sha256 == src.sha256 and not everything
+            changes[p] = SourceChange(p, Change.unchanged if same else Change.changed, src)
+    for p in removed:
+        if p not in renamed_old:
+            changes[p] = SourceChange(p, Change.removed, None)
+    return [changes[p] for p in sorted(changes)]
+
+
+def changed_only(changes: Iterable[SourceChange]) -> list[SourceChange]:
+    return [c for c in changes if c.change in {Change.changed, Change.new}]

@@ -1,0 +1,411 @@
+"""``search(query, purpose, context)``: grouped, cited Evidence candidates, or ``unavailable``.
+
+The searcher owns everything of spec §10: the query text (§9.6), the mandatory filters
+(workspace, revision, generation, purpose), explicit constraints, the two prefetches and RRF,
+grouping fragments into one result per unit, and the check that the active generation matches
+the activated revision. Faults never become an empty ``available`` (spec §13.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from evidence_runtime.embeddings import Embedder, make_embedder
+from evidence_runtime.errors import (
+    EmbedderError,
+    EvidenceError,
+    IndexError_,
+    IndexLockedError,
+    IndexUnavailableError,
+    RegistryError,
+)
+from evidence_runtime.index import EvidenceIndex, Hit, Match, QueryMode, open_index
+from evidence_runtime.query import EvidenceSearchContext, render_query
+from evidence_runtime.registry import Generation, Registry
+from evidence_runtime.units import EvidencePurpose
+from evidence_runtime.workspace import Workspace, load_workspace
+
+RECORD_KIND = "evidence_fragment"
+MAX_MESSAGE = 300
+MAX_EXCERPT_CHARS = 600
+DEFAULT_LIMIT = 10
+
+
+class UnavailableCode(StrEnum):
+    """Stable reasons for ``unavailable`` (spec §13.3)."""
+
+    not_configured = "not_configured"
+    registry_unavailable = "registry_unavailable"
+    no_active_generation = "no_active_generation"
+    revision_mismatch = "revision_mismatch"
+    generation_unknown = "generation_unknown"
+    index_unreachable = "index_unreachable"
+    index_locked = "index_locked"
+    index_error = "index_error"
+    embedder_failed = "embedder_failed"
+    document_missing = "document_missing"
+
+
+class DocumentRef(BaseModel):
+    """Where the full curated document lives: resolved only on request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workspace_id: str
+    revision: str
+    path: str  # relative to the workspace root, e.g. evidence/curated/formula/x.md
+
+
+class ResultProvenance(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source_file: str
+    source_sha256: str
+    supporting_excerpts: tuple[str, ...]
+
+
+class EvidenceResult(BaseModel):
+    """One Evidence Unit found: its best fragments grouped, with provenance and a citation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    evidence_id: str
+    kind: str
+    title: str
+    score: float
+    excerpts: tuple[str, ...]
+    fragment_ordinals: tuple[int, ...]
+    provenance: ResultProvenance
+    citation: str
+    document: DocumentRef
+
+
+class EvidenceSearchOutcome(BaseModel):
+    """``available`` (generation queried, zero or more results) or ``unavailable`` (code)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Literal["available", "unavailable"]
+    generation: int | None = None
+    revision: str | None = None
+    purpose: EvidencePurpose | None = None
+    results: tuple[EvidenceResult, ...] = ()
+    code: UnavailableCode | None = None
+    message: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.status == "available"
+
+    @property
+    def evidence_ids(self) -> list[str]:
+        return [r.evidence_id for r in self.results]
+
+
+class DocumentOutcome(BaseModel):
+    """The full curated document of a result, or ``unavailable`` with ``document_missing``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Literal["available", "unavailable"]
+    text: str | None = None
+    code: UnavailableCode | None = None
+    message: str | None = None
+
+
+def unavailable(code: UnavailableCode, message: str, **kw: Any) -> EvidenceSearchOutcome:
+    text = message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE - 1] + "…"
+    return EvidenceSearchOutcome(status="unavailable", code=code, message=text, **kw)
+
+
+def _index_code(exc: IndexError_) -> UnavailableCode:
+    if isinstance(exc, IndexLockedError):
+        return UnavailableCode.index_locked
+    if isinstance(exc, IndexUnavailableError):
+        return UnavailableCode.index_unreachable
+    return UnavailableCode.index_error
+
+
+def build_match(workspace_id: str, revision: str, generation: int, purpose: EvidencePurpose,
+                context: EvidenceSearchContext | None) -> Match:
+    """Mandatory filters plus the caller's explicit constraints (and nothing implicit)."""
+    match: Match = {
+        "workspace_id": workspace_id,
+        "workspace_revision": revision,
+        "vector_generation": generation,
+        "record_kind": RECORD_KIND,
+        "purposes": purpose.value,
+    }
+    if context is not None:
+        c = context.constraints
+        if c.kinds:
+            match["evidence_kind"] = sorted({k.value for k in c.kinds})
+        if c.tables:
+            match["tables"] = sorted(set(c.tables))
+        if c.columns:
+            match["columns"] = sorted(set(c.columns))
+        if c.concepts:
+            match["concepts"] = sorted(set(c.concepts))
+    return match
+
+
+def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
+               workspace_id: str) -> list[EvidenceResult]:
+    """Fragments of one unit become one result (best fragment's score); ties by evidence id."""
+    groups: dict[str, list[Hit]] = {}
+    for hit in hits:
+        groups.setdefault(str(hit.payload["evidence_id"]), []).append(hit)
+    ranked = sorted(groups.items(), key=lambda kv: (-max(h.score for h in kv[1]), kv[0]))
+    results = []
+    for eid, group in ranked[:limit]:
+        group.sort(key=lambda h: (-h.score, int(h.payload.get("fragment_ordinal", 0))))
+        best = group[0].payload
+        excerpts = tuple(_excerpt(str(h.payload.get("text", ""))) for h in group[:3])
+        path = str(best.get("curated_path", ""))
+        results.append(EvidenceResult(
+            evidence_id=eid,
+            kind=str(best["evidence_kind"]),
+            title=str(best.get("title", eid)),
+            score=float(group[0].score),
+            excerpts=excerpts,
+            fragment_ordinals=tuple(int(h.payload.get("fragment_ordinal", 0)) for h in group),
+            provenance=ResultProvenance(
+                source_file=str(best["source_file"]),
+                source_sha256=str(best["source_sha256"]),
+                supporting_excerpts=tuple(best.get("supporting_excerpts", ())),
+            ),
+            citation=f"{eid} — {best.get('title', eid)} ({best['source_file']}, "
+                     f"revisione {revision[:12]})",
+            document=DocumentRef(workspace_id=workspace_id, revision=revision, path=path),
+        ))
+    return results
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= MAX_EXCERPT_CHARS else text[:MAX_EXCERPT_CHARS - 1] + "…"
+
+
+class EvidenceSearcher:
+    """A long-lived searcher: opens the index and the embedder once; safe to share between
+    threads. Opening failures are retried on the next call (the searcher recovers when, e.g.,
+    a publisher releases the embedded shard)."""
+
+    def __init__(self, *, workspace_id: str, registry: Registry, embedder: Embedder,
+                 index: EvidenceIndex | None = None, index_config: dict[str, Any] | None = None,
+                 language: str = "italian", revisions_dir: Path | None = None,
+                 rrf_k: int = 60, prefetch_limit: int = 50) -> None:
+        self.workspace_id = workspace_id
+        self.registry = registry
+        self.embedder = embedder
+        self.language = language
+        self.revisions_dir = revisions_dir
+        self.rrf_k = rrf_k
+        self.prefetch_limit = prefetch_limit
+        self._index = index
+        self._owns_index = index is None
+        self._index_config = index_config
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_workspace(cls, workspace: Workspace | Path | str, *,
+                      index: EvidenceIndex | None = None,
+                      registry: Registry | None = None,
+                      embedder: Embedder | None = None) -> EvidenceSearcher:
+        """A searcher configured from a workspace's ``thoth.yaml`` and state directory."""
+        ws = workspace if isinstance(workspace, Workspace) else load_workspace(workspace)
+        cfg = ws.config
+        return cls(
+            workspace_id=cfg.workspace_id,
+            registry=registry or Registry.open(ws.registry_url),
+            embedder=embedder or make_embedder(cfg.embeddings.model,
+                                               max_chunk_chars=cfg.embeddings.max_chunk_chars,
+                                               threads=cfg.embeddings.threads),
+            index=index,
+            index_config=index_config(ws),
+            language=cfg.language,
+            revisions_dir=ws.state_dir / "revisions",
+            rrf_k=cfg.index.rrf_k,
+            prefetch_limit=cfg.index.prefetch_limit,
+        )
+
+    # --- resources ------------------------------------------------------------------------
+
+    def index(self) -> EvidenceIndex:
+        with self._lock:
+            if self._index is None:
+                if self._index_config is None:
+                    raise IndexUnavailableError("no index configured")
+                self._index = open_index(self._index_config, language=self.language,
+                                         create=False)
+            return self._index
+
+    def close(self) -> None:
+        """Release the index (the embedded shard lock) if this searcher opened it."""
+        with self._lock:
+            if self._index is not None and self._owns_index:
+                self._index.close()
+                self._index = None
+
+    def __enter__(self) -> EvidenceSearcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- search ---------------------------------------------------------------------------
+
+    def resolve_generation(self, generation: int | None = None,
+                           ) -> tuple[Generation, str] | EvidenceSearchOutcome:
+        """The generation to query and the activated revision, or an unavailable outcome."""
+        try:
+            revision, active = self.registry.active_state(self.workspace_id)
+            chosen = active if generation is None else self.registry.get_generation(
+                self.workspace_id, generation)
+        except RegistryError as exc:
+            return unavailable(UnavailableCode.registry_unavailable, exc.message)
+        if generation is not None and chosen is None:
+            return unavailable(UnavailableCode.generation_unknown,
+                               f"generation {generation} does not exist")
+        if chosen is None:
+            return unavailable(UnavailableCode.no_active_generation,
+                               "no Evidence generation is active for this workspace")
+        if revision is None or chosen.revision != revision:
+            return unavailable(
+                UnavailableCode.revision_mismatch,
+                f"generation {chosen.number} was built from revision {chosen.revision[:12]} "
+                f"but the activated revision is {(revision or 'none')[:12]}: Evidence is in a "
+                "maintenance window until the new generation is published",
+                generation=chosen.number)
+        return chosen, revision
+
+    def search(self, query: str, purpose: EvidencePurpose | str,
+               context: EvidenceSearchContext | None = None, *, limit: int = DEFAULT_LIMIT,
+               generation: int | None = None, mode: QueryMode = "fused",
+               ) -> EvidenceSearchOutcome:
+        """Search the active generation (or an explicit one, for evaluation).
+
+        Raises ``EmptyQueryError`` (a ``ValueError``) for an empty question: that is a caller
+        bug, not a fault of the Evidence service.
+        """
+        purpose = EvidencePurpose(purpose)
+        text = render_query(query, context)
+        state = self.resolve_generation(generation)
+        if isinstance(state, EvidenceSearchOutcome):
+            return state.model_copy(update={"purpose": purpose})
+        gen, revision = state
+        try:
+            dense = self.embedder.embed_query(text) if mode != "bm25" else None
+        except EmbedderError as exc:
+            return unavailable(UnavailableCode.embedder_failed, exc.message, purpose=purpose)
+        match = build_match(self.workspace_id, revision, gen.number, purpose, context)
+        try:
+            hits = self.index().query(dense=dense, text=text if mode != "dense" else None,
+                                      match=match, limit=max(limit * 4, limit),
+                                      mode=mode, prefetch_limit=self.prefetch_limit,
+                                      rrf_k=self.rrf_k)
+        except IndexError_ as exc:
+            if self._owns_index and isinstance(exc, (IndexLockedError,
+                                                     IndexUnavailableError)):
+                self._reset_index()
+            return unavailable(_index_code(exc), exc.message, purpose=purpose)
+        results = group_hits(hits, limit=limit, revision=revision,
+                             workspace_id=self.workspace_id)
+        return EvidenceSearchOutcome(status="available", generation=gen.number,
+                                     revision=revision, purpose=purpose,
+                                     results=tuple(results))
+
+    def _reset_index(self) -> None:
+        with self._lock:
+            if self._index is not None:
+                with contextlib.suppress(EvidenceError):
+                    self._index.close()
+                self._index = None
+
+    # --- documents ------------------------------------------------------------------------
+
+    def document(self, result: EvidenceResult) -> DocumentOutcome:
+        """Resolve a result's full curated document from the materialized activated revision."""
+        ref = result.document
+        if self.revisions_dir is None:
+            return DocumentOutcome(status="unavailable", code=UnavailableCode.document_missing,
+                                   message="no revisions directory configured")
+        file = self.revisions_dir / ref.revision / ref.path
+        try:
+            return DocumentOutcome(status="available", text=file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return DocumentOutcome(status="unavailable", code=UnavailableCode.document_missing,
+                                   message=f"{ref.path} is missing at revision "
+                                           f"{ref.revision[:12]}")
+
+
+def index_config(ws: Workspace) -> dict[str, Any]:
+    """The ``index`` section of a workspace with paths and environment resolved."""
+    cfg = ws.config.index
+    if cfg.engine == "edge":
+        return {"engine": "edge", "path": str(ws.index_path)}
+    return {"engine": "server", "url": os.environ.get("THT_QDRANT_URL") or cfg.url,
+            "collection": ws.config.collection, "api_key_env": cfg.api_key_env,
+            "bm25": cfg.bm25}
+
+
+# ---------------------------------------------------------------------------------------------
+# Module-level API
+# ---------------------------------------------------------------------------------------------
+
+_default: EvidenceSearcher | None = None
+_default_lock = threading.Lock()
+
+
+def configure(workspace_root: Path | str | None = None, *,
+              searcher: EvidenceSearcher | None = None) -> EvidenceSearcher:
+    """Set the process-wide searcher used by :func:`search` (from a workspace or given)."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = searcher or EvidenceSearcher.for_workspace(
+            Path(workspace_root) if workspace_root else Path.cwd())
+        return _default
+
+
+def search(query: str, purpose: EvidencePurpose | str,
+           context: EvidenceSearchContext | None = None) -> EvidenceSearchOutcome:
+    """The Evidence search of spec §10 on the configured workspace (see :func:`configure`).
+
+    Without a configured searcher the ``THT_WORKSPACE`` environment variable names the root.
+    """
+    global _default
+    searcher = _default
+    if searcher is None:
+        root = os.environ.get("THT_WORKSPACE")
+        if not root:
+            return unavailable(UnavailableCode.not_configured,
+                               "no workspace configured: call evidence_runtime.configure(root) "
+                               "or set THT_WORKSPACE", purpose=EvidencePurpose(purpose))
+        try:
+            searcher = configure(root)
+        except EvidenceError as exc:
+            return unavailable(UnavailableCode.not_configured, str(exc),
+                               purpose=EvidencePurpose(purpose))
+    return searcher.search(query, purpose, context)
+
+
+__all__ = [
+    "DocumentOutcome",
+    "DocumentRef",
+    "EvidenceResult",
+    "EvidenceSearchOutcome",
+    "EvidenceSearcher",
+    "ResultProvenance",
+    "UnavailableCode",
+    "configure",
+    "search",
+]

@@ -1,0 +1,467 @@
+"""prepare and resolve on real Git repositories (spec §5, §6, §13.1, §17).
+
+The model boundary is replaced by a scripted backend that answers from a table keyed by source
+path; everything else (intake, ids, validation, the all-or-nothing apply, Git checks) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from evidence_pipeline.backends.base import (
+    ModelBackendError,
+    ModelReply,
+    ModelRequest,
+    ProposedUnit,
+    RetirementProposal,
+)
+
+from evidence_pipeline.cli import main
+from evidence_pipeline.demo import git
+from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
+from evidence_pipeline.manifest import read_manifest
+from evidence_pipeline.prepare import PrepareError, prepare
+from evidence_pipeline.resolve import ResolveError, resolve
+from evidence_pipeline.validate import validate_workspace
+from evidence_runtime.curated import read_curated
+from evidence_runtime.errors import EvidenceError
+
+PAZIENTE = """# Paziente
+
+Per fascia pediatrica si intendono i pazienti con età inferiore a 18 anni.
+
+## Sesso
+Il sesso è memorizzato in clinical.patient.sex_code con valori M e F.
+"""
+
+RICOVERO = """# Ricovero
+
+Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto.
+"""
+
+
+def glossary(title: str, term: str, definition: str, excerpt: str, *, uid: str | None = None,
+             **extra: Any) -> ProposedUnit:
+    data = {"title": title, "kind": "glossary", "purposes": ["disambiguation"],
+            "applies_to": {"concepts": [term]},
+            "glossary": {"term": term, "definition": definition, "synonyms": []},
+            "supporting_excerpts": [excerpt], "review_items": [], **extra}
+    return ProposedUnit(id=uid, data=data, body=definition)
+
+
+def domain(title: str, rule: str, *, uid: str | None = None) -> ProposedUnit:
+    data = {"title": title, "kind": "domain", "purposes": ["sql_generation"],
+            "applies_to": {"tables": ["clinical.patient"]}, "domain": {"rule": rule},
+            "supporting_excerpts": [rule], "review_items": []}
+    return ProposedUnit(id=uid, data=data, body=rule)
+
+
+class ScriptedBackend:
+    """Answers from ``script[source_path]``: a reply, a callable(request) → reply, or an error."""
+
+    name = "scripted"
+
+    def __init__(self, script: dict[str, Any]) -> None:
+        self.script = script
+        self.calls: list[ModelRequest] = []
+
+    def restructure(self, request: ModelRequest) -> ModelReply:
+        self.calls.append(request)
+        answer = self.script[request.source_file]
+        if callable(answer):
+            answer = answer(request)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def reply(*units: ProposedUnit, retire: tuple[RetirementProposal, ...] = ()) -> ModelReply:
+    return ModelReply(units=tuple(units), retirement_candidates=retire)
+
+
+def run_prepare(ws: Path, backend: ScriptedBackend, **kw: Any):
+    return prepare(ws, backend_factory=lambda name, settings: backend, **kw)
+
+
+def make_ws(tmp_path: Path, files: dict[str, str]) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "evidence" / "source").mkdir(parents=True)
+    (ws / "thoth.yaml").write_text("workspace_id: test\nlanguage: italian\n", encoding="utf-8")
+    (ws / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    for rel, text in files.items():
+        f = ws / "evidence" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text, encoding="utf-8")
+    git(ws, "init", "-q")
+    commit(ws, "sources")
+    return ws
+
+
+def commit(ws: Path, message: str) -> None:
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "--allow-empty", "-m", message)
+
+
+def status(ws: Path) -> str:
+    return git(ws, "status", "--porcelain", "--untracked-files=all")
+
+
+def tree_snapshot(ws: Path) -> dict[str, bytes]:
+    out = {}
+    for f in sorted((ws / "evidence").rglob("*")):
+        if f.is_file():
+            out[f.relative_to(ws).as_posix()] = f.read_bytes()
+    return out
+
+
+FIRST = {
+    "source/paziente.md": reply(
+        glossary("Fascia pediatrica", "fascia pediatrica", "Pazienti con età inferiore a 18 anni.",
+                 "Per fascia pediatrica si intendono i pazienti con età inferiore a 18 anni."),
+        domain("Codice sesso", "Il sesso è memorizzato in clinical.patient.sex_code con valori M "
+               "e F.")),
+    "source/ricovero.md": reply(
+        glossary("Ricovero", "ricovero", "Periodo in cui il paziente occupa un posto letto.",
+                 "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto.")),
+}
+
+
+@pytest.fixture
+def prepared(tmp_path: Path) -> tuple[Path, ScriptedBackend]:
+    ws = make_ws(tmp_path, {"source/paziente.md": PAZIENTE, "source/ricovero.md": RICOVERO})
+    backend = ScriptedBackend(dict(FIRST))
+    result = run_prepare(ws, backend)
+    assert result.status == "applied"
+    commit(ws, "prepared")
+    return ws, backend
+
+
+def test_first_prepare_writes_units_and_manifest(prepared) -> None:
+    ws, backend = prepared
+    assert len(backend.calls) == 2
+    files = sorted(p.relative_to(ws).as_posix() for p in (ws / "evidence/curated").rglob("*.md"))
+    assert files == ["evidence/curated/domain/codice-sesso.md",
+                     "evidence/curated/glossary/fascia-pediatrica.md",
+                     "evidence/curated/glossary/ricovero.md"]
+    manifest = read_manifest(ws / "evidence")
+    assert manifest.sources["source/paziente.md"].units == ["evidence:codice-sesso",
+                                                            "evidence:fascia-pediatrica"]
+    assert validate_workspace(ws).status.value == "publishable"
+    req = backend.calls[0]
+    assert req.previous_units == ()
+    assert "fascia pediatrica" in req.normalized_text
+
+
+def test_second_run_is_a_noop(prepared) -> None:
+    ws, _ = prepared
+    backend = ScriptedBackend({})
+    before = tree_snapshot(ws)
+    result = run_prepare(ws, backend)
+    assert result.status == "unchanged"
+    assert backend.calls == []
+    assert result.model_calls == 0
+    assert tree_snapshot(ws) == before
+    assert status(ws) == ""
+
+
+def test_changed_source_calls_the_model_once_with_previous_units(prepared) -> None:
+    ws, _ = prepared
+    f = ws / "evidence/source/ricovero.md"
+    f.write_text(RICOVERO + "\nUn ricovero dura almeno una notte.\n", encoding="utf-8")
+    commit(ws, "edit")
+
+    def answer(req: ModelRequest) -> ModelReply:
+        assert [u.id for u in req.previous_units] == ["evidence:ricovero"]
+        return reply(glossary(
+            "Ricovero", "ricovero", "Periodo in cui il paziente occupa un posto letto.",
+            "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto.",
+            uid="evidence:ricovero"), domain("Durata minima", "Un ricovero dura almeno una notte."))
+
+    backend = ScriptedBackend({"source/ricovero.md": answer})
+    paziente_before = (ws / "evidence/curated/glossary/fascia-pediatrica.md").read_bytes()
+    result = run_prepare(ws, backend)
+    assert [c.source_file for c in backend.calls] == ["source/ricovero.md"]
+    assert (ws / "evidence/curated/glossary/fascia-pediatrica.md").read_bytes() == paziente_before
+    assert "evidence/curated/domain/durata-minima.md" in result.written
+    unit = read_curated(ws / "evidence/curated/glossary/ricovero.md").unit()
+    assert unit.provenance.source_sha256 == read_manifest(ws / "evidence").sources[
+        "source/ricovero.md"].sha256
+    assert "+Un ricovero dura almeno una notte." in result.diff or "durata-minima" in result.diff
+    assert validate_workspace(ws).status.value == "publishable"
+
+
+def test_new_ids_get_a_deterministic_collision_suffix(prepared) -> None:
+    ws, _ = prepared
+    (ws / "evidence/source/altro.md").write_text(
+        "Il ricovero programmato è pianificato in anticipo.\n", encoding="utf-8")
+    commit(ws, "new source")
+    backend = ScriptedBackend({"source/altro.md": reply(glossary(
+        "Ricovero", "ricovero programmato", "Ricovero pianificato in anticipo.",
+        "Il ricovero programmato è pianificato in anticipo."))})
+    run_prepare(ws, backend)
+    assert (ws / "evidence/curated/glossary/ricovero-2.md").is_file()
+    assert read_manifest(ws / "evidence").sources["source/altro.md"].units == [
+        "evidence:ricovero-2"]
+
+
+@pytest.mark.parametrize("bad", ["unknown_id", "excerpt", "select", "model_error", "schema"])
+def test_a_bad_reply_leaves_the_tree_untouched(prepared, bad: str) -> None:
+    ws, _ = prepared
+    (ws / "evidence/source/paziente.md").write_text(PAZIENTE + "\nAltro.\n", encoding="utf-8")
+    (ws / "evidence/source/nuovo.md").write_text("Nota nuova sul reparto.\n", encoding="utf-8")
+    commit(ws, "edit")
+    good = reply(domain("Reparto", "Nota nuova sul reparto."))
+    if bad == "unknown_id":
+        answer: Any = ModelBackendError("id evidence:inventato was not given",
+                                        code="model_unknown_id", path="source/paziente.md")
+    elif bad == "excerpt":
+        answer = reply(glossary("Fascia", "fascia", "x", "Frase che non esiste nel sorgente."))
+    elif bad == "select":
+        answer = reply(ProposedUnit(id=None, data={
+            "title": "Età", "kind": "formula", "purposes": ["sql_generation"],
+            "formula": {"concept": "età", "columns": ["clinical.patient.birth_date"],
+                        "sql": "SELECT age(birth_date) FROM clinical.patient"},
+            "supporting_excerpts": ["Altro."], "review_items": []}, body=""))
+    elif bad == "model_error":
+        answer = ModelBackendError("timed out after 1s", code="model_timeout",
+                                   path="source/paziente.md")
+    else:
+        answer = reply(ProposedUnit(id=None, data={"title": "x", "kind": "glossary",
+                                                   "purposes": ["nope"],
+                                                   "supporting_excerpts": ["Altro."]}, body=""))
+    backend = ScriptedBackend({"source/paziente.md": answer, "source/nuovo.md": good})
+    before = tree_snapshot(ws)
+    with pytest.raises(PrepareError) as info:
+        run_prepare(ws, backend)
+    assert tree_snapshot(ws) == before
+    assert status(ws) == ""
+    assert info.value.problems
+    assert all(p.path for p in info.value.problems)
+    assert len(backend.calls) == 2  # every changed source is tried so the report lists all
+
+
+def test_removed_source_makes_orphans_and_resolve_relinks(prepared) -> None:
+    ws, _ = prepared
+    (ws / "evidence/source/ricovero.md").unlink()
+    (ws / "evidence/source/degenza.md").write_text(
+        RICOVERO.replace("# Ricovero", "# Degenza") , encoding="utf-8")
+    commit(ws, "remove")
+    backend = ScriptedBackend({"source/degenza.md": reply(domain(
+        "Degenza", "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto "
+        "letto."))})
+    result = run_prepare(ws, backend)
+    assert result.orphans == ["evidence:ricovero"]
+    assert (ws / "evidence/curated/glossary/ricovero.md").is_file()  # never deleted
+    report = validate_workspace(ws)
+    assert report.status.value == "blocked"
+    assert {p.code for p in report.problems} == {"orphan"}
+    commit(ws, "prepared")
+    out = resolve(ws, "evidence:ricovero", source="evidence/source/degenza.md")
+    assert out.action == "relinked"
+    unit = read_curated(ws / "evidence/curated/glossary/ricovero.md").unit()
+    assert unit.provenance.source_file == "source/degenza.md"
+    assert validate_workspace(ws).status.value == "publishable"
+    assert "evidence:ricovero" in read_manifest(ws / "evidence").sources[
+        "source/degenza.md"].units
+
+
+def test_rename_keeps_ids_without_a_model_call(prepared) -> None:
+    ws, _ = prepared
+    git(ws, "mv", "evidence/source/ricovero.md", "evidence/source/ricoveri.md")
+    commit(ws, "rename")
+    backend = ScriptedBackend({})
+    result = run_prepare(ws, backend)
+    assert backend.calls == []
+    assert [r.change.value for r in result.sources if r.path == "source/ricoveri.md"] == [
+        "renamed"]
+    unit = read_curated(ws / "evidence/curated/glossary/ricovero.md").unit()
+    assert unit.id == "evidence:ricovero"
+    assert unit.provenance.source_file == "source/ricoveri.md"
+    assert validate_workspace(ws).status.value == "publishable"
+
+
+def test_split_leaves_the_old_unit_as_retirement_candidate(prepared) -> None:
+    ws, _ = prepared
+    text = RICOVERO + "\nIl day hospital è un ricovero diurno.\n"
+    (ws / "evidence/source/ricovero.md").write_text(text, encoding="utf-8")
+    commit(ws, "edit")
+    backend = ScriptedBackend({"source/ricovero.md": reply(
+        domain("Ricovero ordinario", "Il ricovero (o degenza) è il periodo in cui il paziente "
+               "occupa un posto letto."),
+        domain("Day hospital", "Il day hospital è un ricovero diurno."),
+        retire=(RetirementProposal("evidence:ricovero", "diviso in due unità"),))})
+    result = run_prepare(ws, backend)
+    assert result.retirement_candidates == ["evidence:ricovero"]
+    old = read_curated(ws / "evidence/curated/glossary/ricovero.md").unit()
+    assert [i.code for i in old.review_items] == ["source_no_longer_supports_unit"]
+    report = validate_workspace(ws)
+    assert report.status.value == "blocked"
+    commit(ws, "split")
+    resolve(ws, "evidence:ricovero", retire=True)
+    assert not (ws / "evidence/curated/glossary/ricovero.md").exists()
+    manifest = read_manifest(ws / "evidence")
+    assert "evidence:ricovero" not in manifest.all_unit_ids()
+    assert manifest.retirement_candidates == []
+    assert validate_workspace(ws).status.value == "publishable"
+    assert "evidence/curated/glossary/ricovero.md" in status(ws)
+
+
+def test_reclassification_keeps_the_id_and_moves_the_file(prepared) -> None:
+    ws, _ = prepared
+    (ws / "evidence/source/ricovero.md").write_text(RICOVERO + "\n", encoding="utf-8")
+    commit(ws, "touch")
+    backend = ScriptedBackend({"source/ricovero.md": reply(domain(
+        "Ricovero", "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto "
+        "letto.", uid="evidence:ricovero"))})
+    run_prepare(ws, backend)
+    assert not (ws / "evidence/curated/glossary/ricovero.md").exists()
+    unit = read_curated(ws / "evidence/curated/domain/ricovero.md").unit()
+    assert unit.id == "evidence:ricovero" and unit.kind.value == "domain"
+    assert validate_workspace(ws).status.value == "publishable"
+
+
+def test_dirty_curated_tree_is_refused(prepared) -> None:
+    ws, _ = prepared
+    f = ws / "evidence/curated/glossary/ricovero.md"
+    f.write_text(f.read_text(encoding="utf-8") + "\nnota a mano\n", encoding="utf-8")
+    with pytest.raises(EvidenceError, match=r"uncommitted|dirty|changes"):
+        run_prepare(ws, ScriptedBackend({}))
+
+
+def test_incompatible_pipeline_version_stops_and_upgrade_reprocesses(prepared) -> None:
+    ws, _ = prepared
+    m = ws / "evidence/manifest.yaml"
+    m.write_text(m.read_text(encoding="utf-8").replace("pipeline_version: 1",
+                                                       "pipeline_version: 0"), encoding="utf-8")
+    commit(ws, "old pipeline")
+    before = tree_snapshot(ws)
+    with pytest.raises(EvidenceError, match="pipeline_version"):
+        run_prepare(ws, ScriptedBackend({}))
+    assert tree_snapshot(ws) == before
+    (ws / "scratch.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(EvidenceError, match=r"uncommitted|changes"):
+        run_prepare(ws, ScriptedBackend(dict(FIRST)), upgrade=True)
+    (ws / "scratch.txt").unlink()
+
+    def keep(req: ModelRequest) -> ModelReply:
+        units = [ProposedUnit(id=p.id, data={k: v for k, v in p.data.items() if k not in {
+            "schema_version", "id", "language", "provenance"}} | {
+            "supporting_excerpts": p.data["provenance"]["supporting_excerpts"]}, body=p.body)
+            for p in req.previous_units]
+        return reply(*units)
+
+    backend = ScriptedBackend({"source/paziente.md": keep, "source/ricovero.md": keep})
+    run_prepare(ws, backend, upgrade=True)
+    assert len(backend.calls) == 2
+    assert read_manifest(ws / "evidence").pipeline_version == 1
+    assert validate_workspace(ws).status.value == "publishable"
+
+
+def test_lock_refuses_a_second_authoring_command(prepared) -> None:
+    ws, _ = prepared
+    ready, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with workspace_lock(ws / ".tht", what="prepare"):
+            ready.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    ready.wait(5)
+    try:
+        # flock is per open file description: a second open in the same process conflicts too
+        with pytest.raises(WorkspaceBusyError, match="another authoring command"):
+            run_prepare(ws, ScriptedBackend({}))
+        with pytest.raises(WorkspaceBusyError):
+            resolve(ws, "evidence:ricovero", retire=True)
+    finally:
+        release.set()
+        t.join()
+    assert run_prepare(ws, ScriptedBackend({})).status == "unchanged"
+
+
+def test_resolve_needs_exactly_one_action(prepared) -> None:
+    ws, _ = prepared
+    with pytest.raises(ResolveError):
+        resolve(ws, "evidence:ricovero")
+    with pytest.raises(ResolveError):
+        resolve(ws, "evidence:ricovero", retire=True, source="source/ricovero.md")
+    with pytest.raises(ResolveError, match="no curated unit"):
+        resolve(ws, "evidence:inesistente", retire=True)
+    r = CliRunner().invoke(main, ["evidence", "resolve", "evidence:ricovero", "--retire",
+                                  "--source", "source/x.md", "--workspace", str(ws)])
+    assert r.exit_code == 2 and "mutually exclusive" in r.output
+
+
+def test_cli_prepare_json_and_failure_line(prepared) -> None:
+    ws, _ = prepared
+    r = CliRunner().invoke(main, ["evidence", "prepare", str(ws), "--backend", "structural",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "unchanged" and doc["model_calls"] == 0
+    (ws / "evidence/source/bad.md").write_bytes(b"caff\xe8 non UTF-8\n")
+    commit(ws, "bad")
+    r = CliRunner().invoke(main, ["evidence", "prepare", str(ws), "--backend", "structural"])
+    assert r.exit_code == 1
+    assert "source_encoding_invalid" in r.stdout
+    assert r.stderr.strip().startswith("error: prepare refused")
+    assert "Traceback" not in r.output
+
+
+# --- crash during the apply ------------------------------------------------------------------
+
+BEFORE_COMMIT = ["stage_file", "before_commit"]
+AFTER_COMMIT = ["after_commit", "swap_file", "before_cleanup"]
+
+
+def _edit_demo(ws: Path) -> None:
+    edited = sorted((ws / "evidence/source").rglob("*.md"))[0]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\nRiga aggiunta in revisione.\n",
+                      encoding="utf-8")
+    (ws / "evidence/source/99-nuova.md").write_text(
+        "# Nota nuova\n\nIl codice reparto 999 indica i reparti dismessi.\n", encoding="utf-8")
+    commit(ws, "edit")
+
+
+def _cli_prepare(ws: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "evidence_pipeline.cli", "evidence", "prepare",
+                           str(ws), "--backend", "structural", "--json"],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("step", BEFORE_COMMIT + AFTER_COMMIT)
+def test_kill_during_apply_never_leaves_a_mixed_tree(tmp_path: Path, step: str) -> None:
+    from evidence_pipeline.demo import create_demo_repo
+
+    ref = create_demo_repo(tmp_path / "ref")
+    _edit_demo(ref)
+    done = _cli_prepare(ref)
+    assert done.returncode == 0, done.stderr
+    expected = tree_snapshot(ref)
+
+    ws = create_demo_repo(tmp_path / "ws")
+    _edit_demo(ws)
+    before = tree_snapshot(ws)
+    assert expected != before
+    crashed = _cli_prepare(ws, THT_FAULT_APPLY_STEP=step)
+    assert crashed.returncode == -9, crashed.stderr
+    if step in BEFORE_COMMIT:
+        assert tree_snapshot(ws) == before  # nothing touched before the commit point
+    # the next run recovers without manual cleanup: discard, or roll forward
+    again = _cli_prepare(ws)
+    assert again.returncode == 0, again.stderr
+    assert tree_snapshot(ws) == expected  # fully applied, never mixed
+    assert not list((ws / ".tht" / "staging").glob("*"))
+    expected_status = "applied" if step in BEFORE_COMMIT else "recovered"
+    assert json.loads(again.stdout)["status"] == expected_status
