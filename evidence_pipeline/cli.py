@@ -235,6 +235,225 @@ def resolve(evidence_id: str, retire: bool, source: str | None, workspace_root: 
 
 
 # ---------------------------------------------------------------------------------------------
+# publishing
+# ---------------------------------------------------------------------------------------------
+
+
+@workspace.command()
+@workspace_root
+@click.option("--revision", help="Git revision to activate (default: HEAD of a clean tree).")
+@json_option
+@user_errors
+def activate(workspace_root: Path, revision: str | None, as_json: bool) -> None:
+    """Activate a reviewed Git revision of the workspace in the registry.
+
+    If a retained generation of that revision exists it becomes active again (rollback);
+    otherwise Evidence is unavailable until `preprocess evidence` publishes the revision.
+    """
+    from evidence_pipeline.publish import activate as run_activate
+
+    result = run_activate(workspace_root, revision=revision)
+    if as_json:
+        emit_json({"revision": result.revision,
+                   "reactivated_generation": result.reactivated_generation})
+        return
+    stdout.print(f"activated revision {result.revision}")
+    if result.reactivated_generation is not None:
+        stdout.print(f"generation {result.reactivated_generation} of this revision is active "
+                     "again (no re-indexing)")
+    else:
+        stdout.print("Evidence is unavailable until `tht workspace preprocess evidence` "
+                     "publishes this revision")
+
+
+@workspace.group()
+def preprocess() -> None:
+    """Build derived indexes of the activated revision."""
+
+
+@preprocess.command("evidence")
+@workspace_root
+@json_option
+@user_errors
+def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
+    """Publish the activated revision as a new generation: validate, fragment, embed, upload,
+    verify, evaluate; activate only if the gate passes."""
+    from evidence_pipeline.publish import GateFailed, PublishError, preprocess
+
+    out = stderr if as_json else stdout
+    try:
+        result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"))
+    except GateFailed as exc:
+        if as_json:
+            emit_json({"generation": exc.report.generation, "activated": False,
+                       "evaluation": exc.report.summary})
+        else:
+            print_evaluation(exc.report.to_json())
+        fail(str(exc), EXIT_PROBLEMS)
+        return
+    except PublishError as exc:
+        if as_json:
+            emit_json({"generation": None, "activated": False, "evaluation": None,
+                       "problems": [p.to_json() for p in exc.problems]})
+        else:
+            print_problems(exc.problems)
+        fail(str(exc), EXIT_PROBLEMS)
+        return
+    if as_json:
+        emit_json(result.to_json())
+        return
+    ev = result.evaluation.summary if result.evaluation else {}
+    stdout.print(f"[green]generation {result.generation} active[/] for revision "
+                 f"{result.revision[:12]}: {result.counts['units']} units, "
+                 f"{result.counts['fragments']} fragments "
+                 f"({result.counts['fragments_embedded']} embedded); gate passed, "
+                 f"hit@5 {ev.get('hit_at_5')}/{ev.get('queries')}, "
+                 f"hit@10 {ev.get('hit_at_10')}/{ev.get('queries')}")
+
+
+def print_evaluation(report: dict[str, Any]) -> None:
+    """The evaluation table: per query hits and the three ranks of each expected unit."""
+    table = Table(title=f"evaluation — generation {report['generation']}, revision "
+                        f"{report['revision'][:12]}", header_style="bold")
+    for col in ("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
+                "fused"):
+        table.add_column(col, overflow="fold")
+
+    def r(v: int | None) -> str:
+        return "–" if v is None else str(v)
+
+    for q in report["queries"]:
+        for i, (eid, ranks) in enumerate(q["ranks"].items()):
+            first = i == 0
+            table.add_row(q["id"] if first else "", q["profile"] if first else "",
+                          q.get("purpose", "") if first else "",
+                          ("✓" if q["hit_at_5"] else "✗") if first else "",
+                          ("[green]✓[/]" if q["hit_at_10"] else "[red]✗[/]") if first else "",
+                          eid, r(ranks["dense"]), r(ranks["bm25"]), r(ranks["fused"]))
+    stdout.print(table)
+    s = report["summary"]
+    verdict = "[green]gate passed[/]" if s["gate_passed"] else "[red]gate failed[/]"
+    stdout.print(f"{verdict}: hit@5 {s['hit_at_5']}/{s['queries']}, hit@10 "
+                 f"{s['hit_at_10']}/{s['queries']}; missed kinds: "
+                 f"{', '.join(s['missed_kinds']) or 'none'}; queries without results: "
+                 f"{', '.join(s['empty_queries']) or 'none'}")
+    if report.get("regressions"):
+        stdout.print(f"[red]regressions against the baseline[/]: "
+                     f"{', '.join(report['regressions'])}")
+
+
+@evidence.command()
+@workspace_root
+@click.option("--generation", type=int, help="Evaluate this generation (default: the active one).")
+@click.option("--save-baseline", is_flag=True, help="Save this report as the baseline.")
+@json_option
+@user_errors
+def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
+             as_json: bool) -> None:
+    """Run evaluation.yaml against the active (or a given) generation; never changes the index.
+
+    Exit 0 when the gate passes (every query has an expected unit in the fused top 10).
+    """
+    from evidence_pipeline.evalset import read_evaluation
+    from evidence_pipeline.evaluate import (
+        baseline_path,
+        compare_with_baseline,
+    )
+    from evidence_pipeline.evaluate import (
+        evaluate as run_evaluate,
+    )
+    from evidence_pipeline.evaluate import (
+        save_baseline as write_baseline,
+    )
+    from evidence_runtime.search import EvidenceSearcher
+    from evidence_runtime.workspace import load_workspace
+
+    ws = load_workspace(workspace_root)
+    evalset = read_evaluation(ws.evidence_dir)
+    with EvidenceSearcher.for_workspace(ws) as searcher:
+        state = searcher.resolve_generation(generation)
+        kinds = _unit_kinds(ws, None if not isinstance(state, tuple) else state[1])
+        report = run_evaluate(searcher, evalset, unit_kinds=kinds, generation=generation)
+    base = baseline_path(ws.state_dir)
+    report.regressions = compare_with_baseline(report, base)
+    if save_baseline:
+        write_baseline(report, base)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        print_evaluation(report.to_json())
+        if save_baseline:
+            stdout.print(f"baseline saved: {base}")
+    if not report.gate_passed:
+        sys.exit(EXIT_PROBLEMS)
+
+
+def _unit_kinds(ws: Any, revision: str | None) -> dict[str, str]:
+    """evidence id → kind, from the materialized revision (or the work tree)."""
+    from evidence_pipeline.validate import SourceReader, corpus_files, load_units
+
+    base = ws.state_dir / "revisions" / revision if revision else ws.root
+    evidence_dir = base / ws.config.evidence.root
+    if not evidence_dir.is_dir():
+        evidence_dir = ws.evidence_dir
+    rels = corpus_files(evidence_dir, ws.config.evidence.patterns)
+    loaded, _ = load_units(evidence_dir, rels, shown_prefix="", sources=SourceReader(
+        evidence_dir), check=False)
+    return {i.unit.id: i.unit.kind.value for i in loaded if i.unit}
+
+
+@evidence.command()
+@workspace_root
+@click.argument("question")
+@click.option("--purpose", required=True,
+              type=click.Choice(["disambiguation", "rewriting", "schema_linking",
+                                 "sql_generation"]))
+@click.option("--table", "tables", multiple=True, help="Table known to the stage (query text).")
+@click.option("--column", "columns", multiple=True, help="Column known to the stage (query text).")
+@click.option("--concept", "concepts", multiple=True, help="Concept known to the stage.")
+@click.option("--kind", "kinds", multiple=True,
+              type=click.Choice(["glossary", "domain", "enum", "example", "mapping",
+                                 "normalization", "formula", "reference"]),
+              help="Binding constraint: only these kinds.")
+@click.option("--limit", type=click.IntRange(1, 50), default=10, show_default=True)
+@json_option
+@user_errors
+def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str, ...],
+           columns: tuple[str, ...], concepts: tuple[str, ...], kinds: tuple[str, ...],
+           limit: int, as_json: bool) -> None:
+    """Search the active generation as a workflow stage would (read-only).
+
+    Exit 0 when available (even with no results), 1 when Evidence is unavailable.
+    """
+    from evidence_runtime.query import EmptyQueryError, EvidenceConstraints, EvidenceSearchContext
+    from evidence_runtime.search import EvidenceSearcher
+
+    context = EvidenceSearchContext(tables=tables, columns=columns, concepts=concepts,
+                                    constraints=EvidenceConstraints(kinds=kinds))
+    with EvidenceSearcher.for_workspace(workspace_root) as searcher:
+        try:
+            outcome = searcher.search(question, purpose, context, limit=limit)
+        except EmptyQueryError as exc:
+            raise click.UsageError(str(exc)) from None
+    if as_json:
+        emit_json(outcome.model_dump(mode="json"))
+    elif not outcome.available:
+        stderr.print(f"[red]unavailable[/] ({outcome.code}): {escape(outcome.message or '')}")
+    else:
+        stdout.print(f"generation {outcome.generation} (revision {outcome.revision[:12]}), "
+                     f"purpose {purpose}: {len(outcome.results)} result(s)")
+        for i, r in enumerate(outcome.results, 1):
+            stdout.print(f"\n[bold]{i}. {escape(r.title)}[/]  [dim]{r.evidence_id} · {r.kind} · "
+                         f"score {r.score:.4f}[/]")
+            excerpt = r.excerpts[0] if r.excerpts else ""
+            for line in excerpt.splitlines()[:8]:
+                stdout.print(f"   {escape(line)}")
+            stdout.print(f"   [cyan]cita:[/] {escape(r.citation)}")
+    if not outcome.available:
+        sys.exit(EXIT_PROBLEMS)
+
+
+# ---------------------------------------------------------------------------------------------
 # demo
 # ---------------------------------------------------------------------------------------------
 
@@ -254,6 +473,12 @@ def demo_init(dest: Path, force: bool) -> None:
 
     path = create_demo_repo(dest, force=force)
     click.echo(f"demo workspace ready: {path}")
+
+
+from evidence_pipeline.cli_formulas import import_formulas_cmd, import_proposals_cmd  # noqa: E402
+
+evidence.add_command(import_formulas_cmd)
+evidence.add_command(import_proposals_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

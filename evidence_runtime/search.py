@@ -190,6 +190,9 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
 
 
 def _excerpt(text: str) -> str:
+    # the fragment text starts with the unit's labels (title, kind, applies_to): show the content
+    head, sep, content = text.partition("\n\n")
+    text = content if sep and content.strip() else text
     return text if len(text) <= MAX_EXCERPT_CHARS else text[:MAX_EXCERPT_CHARS - 1] + "…"
 
 
