@@ -37,10 +37,11 @@ def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
     for col in ("file", "unit", "status"):
         table.add_column(col, overflow="fold")
     for entry in result.entries:
+        codes = escape(", ".join(entry.review_codes))
         if entry.status != "imported":
-            status = f"[dim]{entry.status}[/]"
-        elif entry.review_codes:
-            status = f"[yellow]{escape(', '.join(entry.review_codes))}[/]"
+            status = f"[dim]{entry.status}[/]" + (f" ({codes})" if codes else "")
+        elif codes:
+            status = f"[yellow]{codes}[/]"
         else:
             status = "[green]ok[/]"
         table.add_row(escape(entry.origin), escape(entry.evidence_id or ""), status)

@@ -683,7 +683,9 @@ def _import(ws: Workspace, candidates: list[_Candidate], *, what: str) -> Import
         curated = corpus_files(ws.evidence_dir, ws.config.evidence.patterns)
         taken = (set(existing) | manifest.all_unit_ids() | set(manifest.orphans)
                  | {f"{ID_PREFIX}{PurePosixPath(rel).stem}" for rel in curated})
-        planner = _ImportPlanner(ws, ev, manifest, taken)
+        planner = _ImportPlanner(ws, ev, manifest, taken,
+                                 {eid: [i.code for i in item.unit.review_items]
+                                  for eid, item in existing.items()})
         for candidate in candidates:
             planner.add(candidate)
         errors = [p for p in planner.problems if p.severity is Severity.error]
@@ -704,8 +706,10 @@ def _import(ws: Workspace, candidates: list[_Candidate], *, what: str) -> Import
 class _ImportPlanner:
     """Places each candidate's source, mints its unit and validates it, into one batch."""
 
-    def __init__(self, ws: Workspace, ev: str, manifest: Manifest, taken: set[str]) -> None:
+    def __init__(self, ws: Workspace, ev: str, manifest: Manifest, taken: set[str],
+                 existing_reviews: dict[str, list[str]]) -> None:
         self.ws = ws
+        self.existing_reviews = existing_reviews
         self.ev = ev
         self.manifest = manifest
         self.taken = taken
@@ -762,8 +766,9 @@ class _ImportPlanner:
         shown_src = f"{self.ev}/{rel}"
         if state == "unchanged":
             units = sorted(self.manifest.sources[rel].units)
-            self.entries.append(ImportEntry(candidate.origin, shown_src,
-                                            units[0] if units else None, "unchanged"))
+            eid = units[0] if units else None
+            self.entries.append(ImportEntry(candidate.origin, shown_src, eid, "unchanged",
+                                            tuple(self.existing_reviews.get(eid or "", []))))
             return
         if state == "duplicate":
             self.entries.append(ImportEntry(candidate.origin, shown_src, self.planned[rel][1],
