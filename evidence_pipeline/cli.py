@@ -188,15 +188,12 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
     counts: dict[str, int] = {}
     for r in result.sources:
         counts[r.change.value] = counts.get(r.change.value, 0) + 1
-    table = Table(title="prepare", show_header=True, header_style="bold")
-    for col in ("sources", "unchanged", "changed", "new", "renamed", "removed", "model calls",
-                "files written", "files deleted", "review items"):
-        table.add_column(col, justify="right")
-    table.add_row(str(len(result.sources)), *(str(counts.get(k, 0)) for k in
-                  ("unchanged", "changed", "new", "renamed", "removed")),
-                  str(result.model_calls), str(len(result.written)), str(len(result.deleted)),
-                  str(result.review_items))
-    stdout.print(table)
+    stdout.print(
+        f"[bold]prepare[/]: {len(result.sources)} sources — "
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in
+                    ("unchanged", "changed", "new", "renamed", "removed"))
+        + f"; {result.model_calls} model call(s); {len(result.written)} file(s) written, "
+          f"{len(result.deleted)} deleted; {result.review_items} review item(s)")
     if result.status == "unchanged":
         stdout.print("nothing to do: every source is unchanged")
     elif not no_diff:

@@ -367,6 +367,11 @@ def _legacy_candidate(file: Path, *, language: str) -> _Candidate:
     raw = file.read_bytes()
     rel = f"{LEGACY_SOURCE_DIR}/{file.name}"
     source = _take_in(raw, rel, shown=shown)
+    found = find_credentials(source.text)
+    if found:
+        # the file would be copied into the repository as it is: refuse before anything else
+        raise FormulaImportError(f"looks like a credential ({found[0]}); remove it from the "
+                                 "legacy entry", path=shown, code="credentials_found")
     entry = parse_legacy(source.text, shown=shown)
 
     def build(src: Source, eid: str) -> tuple[dict[str, Any], str]:
@@ -691,9 +696,11 @@ def _import(ws: Workspace, candidates: list[_Candidate], *, what: str) -> Import
         errors = [p for p in planner.problems if p.severity is Severity.error]
         if errors:
             errors = sort_problems(errors)
+            origin = planner.origins.get(errors[0].path or "", "")
             raise FormulaImportError(
                 f"{what} refused: {len(errors)} problem(s), the work tree was not changed; "
-                f"first: {errors[0].line()}", errors)
+                f"first: {errors[0].line()}" + (f" (from {origin})" if origin else ""),
+                errors)
         batch = planner.batch
         if not batch.is_empty():
             batch.writes[manifest_rel] = dump_manifest(manifest).encode("utf-8")
@@ -718,6 +725,7 @@ class _ImportPlanner:
         self.problems: list[Problem] = []
         self.pending: dict[str, Source] = {}
         self.planned: dict[str, tuple[bytes, str]] = {}  # source rel → (bytes, unit id)
+        self.origins: dict[str, str] = {}  # shown unit path → the input it comes from
         self.sources = _PendingSources(ws.evidence_dir, self.pending)
 
     def _place(self, candidate: _Candidate) -> tuple[str, str]:
@@ -778,6 +786,7 @@ class _ImportPlanner:
         eid = assign_id(candidate.title, self.taken)
         data, body_text = candidate.build(source, eid)
         shown_unit = f"{self.ev}/curated/formula/{eid.removeprefix(ID_PREFIX)}.md"
+        self.origins[shown_unit] = candidate.origin
         try:
             unit = parse_unit(data)
         except ValidationError as exc:

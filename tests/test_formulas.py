@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from evidence_pipeline.cli import main
+from evidence_pipeline import apply
+from evidence_pipeline.cli import main, stdout
 from evidence_pipeline.demo import git
 from evidence_pipeline.formulas import (
     LEGACY_INCOMPATIBLE,
@@ -371,6 +372,7 @@ def test_import_formulas_cli_table_and_json(tmp_path: Path,
     ws = make_ws(tmp_path)
     make_store(tmp_path, {"a.sql.md": legacy("Conteggio", "SELECT 1"), "b.sql.md": DEGENZA})
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stdout, "width", 160)  # one table row per entry
 
     r = CliRunner().invoke(main, ["evidence", "import-formulas", "ws", "legacy"])
     assert r.exit_code == 0, r.stderr
@@ -567,3 +569,31 @@ def test_import_proposals_cli_json(tmp_path: Path) -> None:
     ]
     assert "evidence/source/proposals/s2-eta-al-ricovero.md" in doc["written"]
     assert "evidence/manifest.yaml" in doc["written"]
+
+
+@pytest.mark.parametrize("step", ["before_commit", "after_commit"])
+def test_interrupted_import_ends_untouched_or_complete(tmp_path: Path, step: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = make_ws(tmp_path)
+    store = make_store(tmp_path, {"eta.sql.md": ETA, "degenza.sql.md": DEGENZA})
+    before = snapshot(ws)
+
+    def crash(name: str) -> None:
+        if name == step:
+            raise KeyboardInterrupt  # stands in for a kill at this step
+
+    monkeypatch.setattr(apply, "_STEP_HOOK", crash)
+    with pytest.raises(KeyboardInterrupt):
+        import_formulas(ws, store)
+    monkeypatch.setattr(apply, "_STEP_HOOK", None)
+    assert snapshot(ws) == before  # nothing swapped in yet either way
+
+    result = import_formulas(ws, store)
+    if step == "before_commit":  # discarded, then imported afresh
+        assert result.status == "applied"
+    else:  # rolled forward: that is the change to review
+        assert result.status == "recovered"
+        assert result.recovered and result.recovered[0].startswith("completed")
+    assert validate_workspace(ws).status is Status.publishable
+    commit(ws, "import")
+    assert import_formulas(ws, store).status == "unchanged"

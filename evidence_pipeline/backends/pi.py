@@ -8,6 +8,7 @@ The process runs in its own process group; a wall-clock timeout kills the whole 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -182,7 +183,5 @@ def _run_group(argv: list[str], stdin: bytes, *, cwd: str, env: dict[str, str],
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -19,7 +19,6 @@ import sqlglot
 from sqlglot import exp
 
 from evidence_pipeline.backends.base import (
-    RETIREMENT_CODE,
     ModelReply,
     ModelRequest,
     reply_from_data,
@@ -76,6 +75,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _REF = re.compile(rf"(?<![\w.$/@-])({_IDENT}(?:\.{_IDENT}){{1,2}})(?![\w$(]|\.[A-Za-z0-9_])")
 _FILE_EXT = frozenset({"md", "txt", "sql", "yaml", "yml", "json", "csv", "html", "htm", "pdf",
                        "py", "xml", "png", "jpg", "jsp", "php", "it", "org", "com"})
+_PLACEHOLDERS = frozenset({"schema", "tabella", "table", "colonna", "column", "tab", "col"})
 _COLUMNISH = re.compile(r"_(?:id|ts|date|code|no|type|status|role|name|at|flag)$")
 _ARROW = re.compile(r"\s*(?:->|→|=>)\s*")
 _SENTENCE_END = re.compile(r"[.!?;:,]+$")
@@ -113,7 +113,8 @@ _DEONTIC = re.compile(
     r"non usar\w*|must|never)\b", re.IGNORECASE)
 _AMBIGUITY = re.compile(
     r"\b(?:forse|dipende|non (?:è|e') chiaro|non chiaro|da verificare|da chiarire|di solito|"
-    r"di norma|probabilmente|non è detto|boh|TODO|TBD|maybe|unclear|it depends)\b|\?",
+    r"di norma|probabilmente|non è detto|boh|TODO|TBD|maybe|unclear|it depends|"
+    r"nota vecchia|obsolet[aoie]|superat[aoie]|deprecat\w*)\b|\?",
     re.IGNORECASE)
 _ARTICLE = r"(?:(?:il|lo|la|i|gli|le|un|uno|una|the|an|a)\s+|l'|un')?"
 _DEF_VERB = r"(?:è|sono|indica|indicano|significa|significano|=|is|means)"
@@ -345,7 +346,8 @@ def _raw_refs(text: str) -> Iterable[str]:
     for m in _REF.finditer(text):
         ref = m.group(1)
         parts = ref.split(".")
-        if parts[-1].lower() in _FILE_EXT or any(len(p) < 2 for p in parts):
+        if parts[-1].lower() in _FILE_EXT or any(len(p) < 2 for p in parts) or \
+                parts[0].lower() in _PLACEHOLDERS:
             continue
         yield ref
 
@@ -596,8 +598,7 @@ def _table_or_lines_draft(piece: Piece, refs: _Refs) -> Draft:
     if _NORMALIZATION_CUE.search(heading_text) or (
             _NORMALIZATION_CUE.search(context) and piece.role == "table"):
         return _normalization_draft(piece, refs, rows=rows)
-    tables, columns = refs.find(anchor.text)
-    if tables:
+    if refs.find(anchor.text)[0]:
         return _mapping_draft(piece, refs)
     draft = _domain_fallback(piece, refs)
     draft.flag(UNCERTAIN, "A table that is neither codes of a recognizable column, nor "
@@ -779,7 +780,7 @@ def _domain_draft(piece: Piece, refs: _Refs) -> Draft:
                 explicit_rule = explicit_rule or rest
             else:
                 (conditions if target == "conditions" else exceptions).append(rest)
-        if plain:
+        if plain and not _is_aside(" ".join(plain)):
             paragraphs.append(" ".join(plain))
         if pending and nxt is not None and nxt.type == "list":
             items = [_trim(t) for t, _ in nxt.items()]
@@ -793,6 +794,11 @@ def _domain_draft(piece: Piece, refs: _Refs) -> Draft:
     rule = explicit_rule or (paragraphs[0] if paragraphs else "") or _piece_text(piece).strip()
     return _new(K.domain, piece, _title(piece), {
         "rule": rule, "conditions": conditions, "exceptions": exceptions}, refs)
+
+
+def _is_aside(text: str) -> bool:
+    """A paragraph that is only a parenthetical remark, e.g. "(nota vecchia …)"."""
+    return text.startswith("(") and text.endswith(")") and _balanced(text[1:-1])
 
 
 def _label_target(label: str) -> str:
@@ -838,7 +844,7 @@ def _defined_term(sentence: str, heading: str | None) -> str | None:
     if variants:
         term_alt += "|" + "|".join(variants)
     patterns = [
-        rf"^(?:per|con)\s+(?P<span>.{{1,120}}?)\s+si\s+intend",
+        r"^(?:per|con)\s+(?P<span>.{1,120}?)\s+si\s+intend",
         rf"(?:^|[.;:]\s+|\b(?:nel dwh|in generale|in questo contesto),?\s+){_ARTICLE}"
         rf"(?P<term>{term_alt})\s+{_DEF_VERB}\s",
         rf"\bsi\s+parla\s+di\s+(?P<term>{term_alt})",
@@ -1015,7 +1021,7 @@ def _line_examples(line: str) -> list[dict[str, str]]:
         raw, normalized = _ARROW.split(part)
         raw = raw.rsplit(": ", 1)[-1]
         raw, normalized = _unquote_code(raw.strip()), _unquote_code(normalized.strip())
-        if raw and normalized and len(raw) <= 200 and len(normalized) <= 200:
+        if raw and normalized and all(len(x) <= 120 and _balanced(x) for x in (raw, normalized)):
             out.append({"raw": raw, "normalized": normalized})
     return out
 
@@ -1171,6 +1177,8 @@ def _excerpts(piece: Piece, source: str) -> list[str]:
                 texts.append(block.flat)
     out: list[str] = []
     for text in texts:
+        if len(texts) > 1 and text.endswith(":") and len(text.split()) <= 2:
+            continue  # a bare label such as "Condizioni:" proves nothing
         for chunk in _chunks(text):
             if excerpt_in_source(chunk, source) and chunk not in out:
                 out.append(chunk)
@@ -1373,6 +1381,10 @@ def _first_words(text: str, n: int = 8) -> str:
     line = re.sub(r"^(?:- |\d{1,3}\. |#+ )", "", line)
     words = _unemph(line).split()
     return _trim(" ".join(words[:n])) or " ".join(words[:n])
+
+
+def _balanced(text: str) -> bool:
+    return text.count("(") == text.count(")") and text.count('"') % 2 == 0
 
 
 def _is_code(value: str) -> bool:
