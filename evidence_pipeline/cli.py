@@ -31,6 +31,8 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:
     """Print one line on stderr and exit."""
+    # names taken from the input may hold control characters: escape them, keep one line
+    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
@@ -171,6 +173,12 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
                   f"{len(report.units)} unit(s){timing}")
 
     try:
+        # --- Dagster: with DAGSTER_HOME set, the same stages run as the job `prepare` -------
+        from evidence_pipeline.orchestration import runs
+
+        if runs.enabled():
+            run_prepare = runs.run_prepare  # same contract, recorded in Dagster
+        # --- end Dagster ----------------------------------------------------------------------
         result = run_prepare(workspace_root, backend=backend, upgrade=upgrade, progress=progress)
     except PrepareError as exc:
         if as_json:
@@ -279,6 +287,12 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
 
     out = stderr if as_json else stdout
     try:
+        # --- Dagster: with DAGSTER_HOME set, the same stages run as the job `publish` -------
+        from evidence_pipeline.orchestration import runs
+
+        if runs.enabled():
+            preprocess = runs.run_preprocess  # same contract, recorded in Dagster
+        # --- end Dagster ----------------------------------------------------------------------
         result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"))
     except GateFailed as exc:
         if as_json:

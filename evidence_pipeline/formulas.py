@@ -49,6 +49,7 @@ from evidence_pipeline.sources import (
 )
 from evidence_pipeline.validate import (
     FORMULA_SQL_REVIEW_CODES,
+    LEGACY_FORMULA_SOURCES,
     Problem,
     Severity,
     SourceReader,
@@ -94,7 +95,7 @@ __all__ = [
 ]
 
 # Where the copies of legacy files and the proposal notes live, relative to evidence/.
-LEGACY_SOURCE_DIR = "source/60-formule/legacy"
+LEGACY_SOURCE_DIR = LEGACY_FORMULA_SOURCES.rstrip("/")
 PROPOSALS_SOURCE_DIR = "source/proposals"
 
 LEGACY_INCOMPATIBLE = "legacy_formula_incompatible"
@@ -542,8 +543,8 @@ def _proposal_candidate(proposal: FormulaProposal, *, artifact: Path, index: int
     bad = check_formula_sql(proposal.sql)
     if bad is not None:
         raise FormulaImportError(
-            f"{bad[0]}: {bad[1]}; a proposal must be one composable PostgreSQL expression, "
-            "so it is refused (nothing was imported)",
+            f"{bad[0]}: {bad[1].rstrip('.')}; a proposal must be one composable PostgreSQL "
+            "expression, so it is refused (nothing was imported)",
             path=shown, field=f"{where}sql", code="proposal_refused")
     for name in ("concept", "sql", "question", "rationale", "columns"):
         value = getattr(proposal, name)

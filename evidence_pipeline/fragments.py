@@ -39,11 +39,13 @@ KIND_LABELS = {
 
 @dataclass(frozen=True)
 class Piece:
-    """One element that is never split; ``field`` says where it comes from."""
+    """One element; atomic ones are never split. ``field`` says where it comes from; a
+    heading is kept with the piece that follows it."""
 
     text: str
     field: str
     atomic: bool = True
+    heading: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,31 +165,44 @@ def body_pieces(body: str, title: str) -> list[Piece]:
     pieces: list[Piece] = []
     for i, block in enumerate(blocks):
         atomic = block.lstrip().startswith(("```", "~~~")) or bool(re.fullmatch(r"\S+", block))
-        pieces.append(Piece(block, f"body[{i}]", atomic=atomic))
+        pieces.append(Piece(block, f"body[{i}]", atomic=atomic,
+                            heading=bool(_HEADING.match(block))))
     return pieces
 
 
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+# line, sentence, word boundaries; the separator is captured so that it is kept as written
+_SOFT_BREAKS = (r"(\n)", r"(?<=[.!?;:])(\s+)", r"(\s+)")
+
+
 def _split_soft(text: str, limit: int) -> list[str]:
-    """Split a non-atomic paragraph at line, then sentence, then word boundaries."""
+    """Split a non-atomic paragraph at line, then sentence, then word boundaries.
+
+    Pieces keep their original separators (a list stays a list), and a Markdown table row — a
+    value/meaning pair — is never cut: a paragraph holding one longer than ``limit`` is
+    returned whole for the caller to refuse.
+    """
     if len(text) <= limit:
         return [text]
-    for sep_re in (r"\n", r"(?<=[.!?;:])\s+", r"\s+"):
-        parts = re.split(sep_re, text)
-        if len(parts) > 1:
-            out: list[str] = []
-            cur = ""
-            for part in parts:
-                candidate = f"{cur} {part}".strip() if cur else part
-                if len(candidate) <= limit:
-                    cur = candidate
-                else:
-                    if cur:
-                        out.append(cur)
-                    cur = part
-            if cur:
+    lines = text.split("\n")
+    if any(_TABLE_ROW.match(line) and len(line) > limit for line in lines):
+        return [text]
+    for pattern in _SOFT_BREAKS:
+        tokens = re.split(pattern, text)  # part, separator, part, separator, ...
+        if len(tokens) < 3:
+            continue
+        out: list[str] = []
+        cur = tokens[0]
+        for sep, part in zip(tokens[1::2], tokens[2::2], strict=True):
+            if len(cur) + len(sep) + len(part) <= limit:
+                cur = f"{cur}{sep}{part}"
+            else:
                 out.append(cur)
-            if all(len(o) <= limit for o in out):
-                return out
+                cur = part
+        out.append(cur)
+        out = [o.strip() for o in out if o.strip()]
+        if all(len(o) <= limit for o in out):
+            return out
     return [text]
 
 
@@ -196,13 +211,16 @@ def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fra
     fit even alone with the header."""
     head = header(unit)
     budget = max_chunk_chars - len(head) - 2  # two newlines between header and content
-    pieces = typed_pieces(unit) + body_pieces(body, unit.title)
+    if budget < 1:
+        # the labels every fragment repeats (title, kind, applies_to) leave no room at all
+        raise AtomicTooLarge("applies_to", len(head), max_chunk_chars)
+    pieces = _with_headings(typed_pieces(unit) + body_pieces(body, unit.title), budget)
     texts: list[str] = []
     for piece in pieces:
         if len(piece.text) <= budget:
             texts.append(piece.text)
             continue
-        if piece.atomic or budget <= 0:
+        if piece.atomic:
             raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
         soft = _split_soft(piece.text, budget)
         if any(len(s) > budget for s in soft):
@@ -220,6 +238,22 @@ def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fra
     if current or not fragments:
         fragments.append(_fragment(unit, head, current, len(fragments)))
     return fragments
+
+
+def _with_headings(pieces: list[Piece], budget: int) -> list[Piece]:
+    """Join each heading to the block that follows it, so that a section never starts in one
+    fragment and continues in the next (unless that would make an atomic block too large)."""
+    out: list[Piece] = []
+    for piece in reversed(pieces):
+        if piece.heading and out:
+            nxt = out[-1]
+            joined = f"{piece.text}\n\n{nxt.text}"
+            if not nxt.atomic or len(joined) <= budget:
+                out[-1] = Piece(joined, nxt.field, atomic=nxt.atomic)
+                continue
+        out.append(piece)
+    out.reverse()
+    return out
 
 
 def _fragment(unit: UnitBase, head: str, texts: list[str], ordinal: int) -> Fragment:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import EvidenceError, UnitFormatError
-from evidence_runtime.units import SHA256_RE, check_evidence_id
+from evidence_runtime.units import SHA256_RE, check_evidence_id, check_source_path
 from evidence_runtime.yamlio import dump_rt, load_rt, to_plain
 
 PIPELINE_VERSION = 1
@@ -52,6 +52,16 @@ class Manifest(BaseModel):
     sources: dict[str, SourceEntry] = Field(default_factory=dict)
     orphans: list[str] = Field(default_factory=list)
     retirement_candidates: list[str] = Field(default_factory=list)
+
+    @field_validator("sources")
+    @classmethod
+    def _source_paths(cls, v: dict[str, SourceEntry]) -> dict[str, SourceEntry]:
+        for path in v:
+            try:
+                check_source_path(path)
+            except ValueError as exc:
+                raise ValueError(f"source {path!r}: {exc}") from None
+        return v
 
     @field_validator("orphans", "retirement_candidates")
     @classmethod

@@ -19,10 +19,12 @@ from evidence_pipeline.apply import Batch, apply_batch, recover
 from evidence_pipeline.backends.base import (
     ModelBackend,
     ModelBackendError,
+    ModelReply,
     ModelRequest,
     PreviousUnit,
     make_backend,
 )
+from evidence_pipeline.fragments import ATOMIC_TOO_LARGE, atomic_problems
 from evidence_pipeline.gitrepo import require_clean
 from evidence_pipeline.ids import assign_id
 from evidence_pipeline.lock import workspace_lock
@@ -161,68 +163,189 @@ def prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
         recovered = recover(ws.root, local)
         if any(line.startswith("completed") for line in recovered):
             # an interrupted apply was rolled forward: that is this run's change to review
-            return PrepareResult(status="recovered", sources=[], model_calls=0, written=[],
-                                 deleted=[], diff="", recovered=recovered, review_items=0,
-                                 orphans=[], retirement_candidates=[])
-        ev = _evidence_rel(ws)
-        if upgrade:
-            require_clean(ws.root, (), what="prepare --upgrade")
-        else:
-            require_clean(ws.root, (f"{ev}/curated", f"{ev}/{MANIFEST_NAME}"), what="prepare")
-        manifest = read_manifest(ws.evidence_dir, shown=f"{ev}/{MANIFEST_NAME}")
-        if manifest is None:
-            manifest = empty_manifest()
-        elif manifest.pipeline_version != PIPELINE_VERSION and not upgrade:
-            raise EvidenceError(
-                f"manifest pipeline_version {manifest.pipeline_version} is not compatible with "
-                f"this installation ({PIPELINE_VERSION}); nothing was written. Run "
-                "`tht evidence prepare --upgrade` on a clean repository to reprocess everything",
-                path=f"{ev}/{MANIFEST_NAME}", field="pipeline_version",
-                code="pipeline_version_incompatible")
-        sources, intake_errors = intake(ws.evidence_dir)
-        problems: list[Problem] = [
-            Problem(e.code, Severity.error, f"{ev}/{e.path}" if e.path else None, None,
-                    e.message) for e in intake_errors]
-        existing, fatal = load_existing(ws)
-        problems.extend(fatal)
-        changes = compare(sources, manifest, everything=upgrade)
-        planner = _Planner(ws, manifest, existing, progress)
+            return recovered_result(recovered)
+        plan = plan_prepare(ws, upgrade=upgrade)
         backend_name = backend or ws.config.model.backend
         model: ModelBackend | None = None
-        for change in changes:
-            if change.change in {Change.changed, Change.new}:
-                if model is None:
-                    model = backend_factory(backend_name, ws.config.model.settings())
-                problems.extend(planner.restructure(change, model))
-            elif change.change is Change.renamed:
-                planner.rename(change)
-            elif change.change is Change.removed:
-                planner.remove(change)
-            else:
-                planner.unchanged(change)
-        if not problems:
-            problems.extend(planner.check_batch())
-        errors = [p for p in problems if p.severity is Severity.error]
-        if errors:
-            raise PrepareError(
-                f"prepare refused: {len(errors)} problem(s); the work tree was not changed",
-                sort_problems(errors))
-        batch, diff = planner.batch()
-        if upgrade or not batch.is_empty():
-            apply_batch(ws.root, local, batch, name=f"prepare-{time.time_ns()}")
-        new_manifest = planner.manifest
-        return PrepareResult(
-            status="applied" if not batch.is_empty() else "unchanged",
-            sources=planner.reports,
-            model_calls=planner.model_calls,
-            written=sorted(batch.writes),
-            deleted=sorted(batch.deletes),
-            diff=diff,
-            recovered=recovered,
-            review_items=planner.review_items,
-            orphans=sorted(new_manifest.orphans),
-            retirement_candidates=sorted(new_manifest.retirement_candidates),
-        )
+
+        def propose(change: SourceChange) -> SourceProposal:
+            nonlocal model
+            if model is None:
+                model = backend_factory(backend_name, ws.config.model.settings())
+            return call_model(model, model_request(plan, change))
+
+        return apply_plan(plan, propose, progress=progress, recovered=recovered)
+
+
+# --- the stages of prepare (the CLI above and the Dagster assets call these) -------------------
+
+RESTRUCTURED = frozenset({Change.changed, Change.new})
+
+
+@dataclass
+class PreparePlan:
+    """What a prepare batch starts from: manifest, curated units and every source's change."""
+
+    ws: Workspace
+    manifest: Manifest
+    existing: dict[str, _Existing]
+    changes: list[SourceChange]
+    problems: list[Problem]  # intake refusals and unreadable curated files
+    upgrade: bool = False
+
+    def to_restructure(self) -> list[SourceChange]:
+        """The changed and new sources: one model call each."""
+        return [c for c in self.changes if c.change in RESTRUCTURED]
+
+    def fingerprint(self) -> tuple[tuple[str, str, str | None, str | None], ...]:
+        """The changes by path, kind and hash: equal fingerprints plan the same batch."""
+        return tuple((c.path, c.change.value, c.source.sha256 if c.source else None,
+                      c.renamed_from) for c in self.changes)
+
+
+@dataclass(frozen=True)
+class ModelFailure:
+    """A model step that failed for one source (timeout, process, HTTP, invalid reply)."""
+
+    code: str
+    message: str
+    evidence_id: str | None = None
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceProposal:
+    """The model step's answer for one changed source, before ids are assigned or checked."""
+
+    request: ModelRequest
+    reply: ModelReply | None
+    failure: ModelFailure | None
+    seconds: float
+
+    @property
+    def path(self) -> str:
+        return self.request.source_file
+
+
+def recovered_result(recovered: list[str]) -> PrepareResult:
+    """The result of a run whose only change is a rolled-forward, interrupted apply."""
+    return PrepareResult(status="recovered", sources=[], model_calls=0, written=[], deleted=[],
+                         diff="", recovered=recovered, review_items=0, orphans=[],
+                         retirement_candidates=[])
+
+
+def plan_prepare(ws: Workspace, *, upgrade: bool = False) -> PreparePlan:
+    """Check the work tree and manifest and classify every source (hash against manifest).
+
+    Call with the workspace lock held; raises :class:`EvidenceError` when prepare must not run.
+    """
+    ev = _evidence_rel(ws)
+    if upgrade:
+        require_clean(ws.root, (), what="prepare --upgrade")
+    else:
+        require_clean(ws.root, (f"{ev}/curated", f"{ev}/{MANIFEST_NAME}"), what="prepare")
+    manifest = read_manifest(ws.evidence_dir, shown=f"{ev}/{MANIFEST_NAME}")
+    if manifest is None:
+        manifest = empty_manifest()
+    elif manifest.pipeline_version != PIPELINE_VERSION and not upgrade:
+        raise EvidenceError(
+            f"manifest pipeline_version {manifest.pipeline_version} is not compatible with "
+            f"this installation ({PIPELINE_VERSION}); nothing was written. Run "
+            "`tht evidence prepare --upgrade` on a clean repository to reprocess everything",
+            path=f"{ev}/{MANIFEST_NAME}", field="pipeline_version",
+            code="pipeline_version_incompatible")
+    sources, intake_errors = intake(ws.evidence_dir)
+    problems: list[Problem] = [
+        Problem(e.code, Severity.error, f"{ev}/{e.path}" if e.path else None, None,
+                e.message) for e in intake_errors]
+    existing, fatal = load_existing(ws)
+    problems.extend(fatal)
+    changes = compare(sources, manifest, everything=upgrade)
+    return PreparePlan(ws, manifest, existing, changes, problems, upgrade)
+
+
+def model_request(plan: PreparePlan, change: SourceChange) -> ModelRequest:
+    """What the model sees for one changed source: normalized text and its previous units."""
+    src = change.source
+    assert src is not None
+    previous_ids = plan.manifest.sources.get(src.path, SourceEntry(sha256=src.sha256)).units
+    previous = tuple(
+        PreviousUnit(id=eid, data=plan.existing[eid].doc.data(),
+                     body=plan.existing[eid].doc.body)
+        for eid in previous_ids if eid in plan.existing)
+    return ModelRequest(
+        source_file=src.path, source_sha256=src.sha256, normalized_text=src.normalized,
+        language=plan.ws.config.language_code, previous_units=previous,
+        max_chunk_chars=plan.ws.config.embeddings.max_chunk_chars)
+
+
+def call_model(model: ModelBackend, request: ModelRequest) -> SourceProposal:
+    """One restructuring call, timed; a backend error becomes the source's failure, no retry."""
+    started = time.perf_counter()
+    try:
+        reply = model.restructure(request)
+    except ModelBackendError as exc:
+        return SourceProposal(request, None, ModelFailure(exc.code, exc.message,
+                                                          exc.evidence_id, exc.field),
+                              time.perf_counter() - started)
+    return SourceProposal(request, reply, None, time.perf_counter() - started)
+
+
+def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,
+               progress: Progress | None = None, recovered: Sequence[str] = ()
+               ) -> PrepareResult:
+    """Take in every change in order (``propose`` answers for each changed source), check the
+    whole batch and apply it all or nothing; raises :class:`PrepareError`, nothing written.
+
+    Call with the workspace lock held.
+    """
+    ws = plan.ws
+    planner = _Planner(ws, plan.manifest, plan.existing, progress)
+    problems = list(plan.problems)
+    for change in plan.changes:
+        if change.change in RESTRUCTURED:
+            problems.extend(planner.restructure(change, propose(change)))
+        elif change.change is Change.renamed:
+            planner.rename(change)
+        elif change.change is Change.removed:
+            planner.remove(change)
+        else:
+            planner.unchanged(change)
+    if not problems:
+        problems.extend(planner.check_batch())
+    errors = [p for p in problems if p.severity is Severity.error]
+    if errors:
+        raise PrepareError(
+            f"prepare refused: {len(errors)} problem(s); the work tree was not changed",
+            sort_problems(errors))
+    batch, diff = planner.batch()
+    if plan.upgrade or not batch.is_empty():
+        apply_batch(ws.root, ws.root / ".tht", batch, name=f"prepare-{time.time_ns()}")
+    new_manifest = planner.manifest
+    return PrepareResult(
+        status="applied" if not batch.is_empty() else "unchanged",
+        sources=planner.reports,
+        model_calls=planner.model_calls,
+        written=sorted(batch.writes),
+        deleted=sorted(batch.deletes),
+        diff=diff,
+        recovered=list(recovered),
+        review_items=planner.review_items,
+        orphans=sorted(new_manifest.orphans),
+        retirement_candidates=sorted(new_manifest.retirement_candidates),
+    )
+
+
+def check_proposal(plan: PreparePlan, change: SourceChange, proposal: SourceProposal
+                   ) -> tuple[SourceReport, list[Problem], int]:
+    """One source's proposal taken in on its own: its report, problems and review items.
+
+    A per-source preview (ids of new units may differ in the whole batch, where sources are
+    taken in together in path order); nothing is written.
+    """
+    planner = _Planner(plan.ws, plan.manifest, plan.existing, None)
+    problems = planner.restructure(change, proposal)
+    return planner.reports[-1], problems, planner.review_items
 
 
 class _Planner:
@@ -287,35 +410,50 @@ class _Planner:
         self._report(SourceReport(change.path, Change.renamed, sorted(old.units),
                                   renamed_from=change.renamed_from))
 
-    def restructure(self, change: SourceChange, model: ModelBackend) -> list[Problem]:
+    def restructure(self, change: SourceChange, proposal: SourceProposal) -> list[Problem]:
+        """Take in the model's answer for one changed source: ids, units, checks, manifest."""
         src = change.source
         assert src is not None
         shown_src = f"{self.ev}/{src.path}"
         previous_ids = list(self.old_manifest.sources.get(src.path, SourceEntry(
             sha256=src.sha256)).units)
-        previous = tuple(
-            PreviousUnit(id=eid, data=self.existing[eid].doc.data(),
-                         body=self.existing[eid].doc.body)
-            for eid in previous_ids if eid in self.existing)
-        request = ModelRequest(
-            source_file=src.path, source_sha256=src.sha256, normalized_text=src.normalized,
-            language=self.ws.config.language_code, previous_units=previous,
-            max_chunk_chars=self.ws.config.embeddings.max_chunk_chars)
-        started = time.perf_counter()
+        request = proposal.request
         self.model_calls += 1
-        try:
-            reply = model.restructure(request)
-        except ModelBackendError as exc:
-            self._report(SourceReport(src.path, change.change, [],
-                                      time.perf_counter() - started))
-            return [Problem(exc.code, Severity.error, shown_src, exc.evidence_id,
-                            exc.message, exc.field)]
-        elapsed = time.perf_counter() - started
+        if (request.source_file, request.source_sha256) != (src.path, src.sha256):
+            self._report(SourceReport(src.path, change.change, [], proposal.seconds))
+            return [Problem("source_changed", Severity.error, shown_src, None,
+                            "the source changed while prepare ran; run prepare again")]
+        if proposal.reply is None:
+            failure = proposal.failure
+            assert failure is not None
+            self._report(SourceReport(src.path, change.change, [], proposal.seconds))
+            return [Problem(failure.code, Severity.error, shown_src, failure.evidence_id,
+                            failure.message, failure.field)]
+        reply = proposal.reply
+        elapsed = proposal.seconds
         problems: list[Problem] = []
         unit_ids: list[str] = []
         returned: set[str] = set()
+        # whatever the backend checked: only the ids it was given, only this source (§5.3)
+        for cand in reply.retirement_candidates:
+            if cand.id not in request.allowed_ids:
+                problems.append(Problem("model_unknown_id", Severity.error, shown_src, cand.id,
+                                        "a retirement candidate names an id that was not "
+                                        "given for this source"))
         for index, proposed in enumerate(reply.units):
             eid = proposed.id
+            if eid is not None and eid not in request.allowed_ids:
+                problems.append(Problem("model_unknown_id", Severity.error, shown_src, eid,
+                                        f"unit {index + 1}: the id was not given for this "
+                                        "source; new units carry no id"))
+                continue
+            cited = _cited_sources(proposed.data) - {src.path}
+            if cited:
+                problems.append(Problem("model_invalid_output", Severity.error, shown_src, eid,
+                                        f"unit {index + 1} cites another source "
+                                        f"({', '.join(map(repr, sorted(cited)))}); a unit may "
+                                        f"only come from {src.path!r}", "source_file"))
+                continue
             if eid is not None and eid in returned:
                 problems.append(Problem("model_invalid_output", Severity.error, shown_src, eid,
                                         f"unit {index + 1}: the same id is returned twice"))
@@ -343,6 +481,8 @@ class _Planner:
                 shown = f"{self.ev}/curated/{data.get('kind', '?')}/{eid.split(':', 1)[1]}.md"
                 problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
                 continue
+            unit = _flag_atomic_too_large(unit, full, proposed.body,
+                                          self.ws.config.embeddings.max_chunk_chars)
             new_rel = curated_relpath(unit)
             old = self.existing.get(eid)
             if old is not None:
@@ -440,6 +580,28 @@ class _Planner:
                 batch.writes[manifest_rel] = new_m
                 diff_parts.append(_diff(manifest_rel, old_m, new_m))
         return batch, "".join(diff_parts)
+
+
+def _flag_atomic_too_large(unit: UnitBase, full: dict[str, Any], body: str,
+                           max_chunk_chars: int) -> UnitBase:
+    """Add the review item ``atomic_content_too_large`` (spec §9.8) when an atomic element
+    cannot fit in one fragment, whatever the backend said."""
+    rendered = render_body(unit, body if body.strip() else None)
+    found = atomic_problems(unit, rendered, max_chunk_chars)
+    if not found or any(r.code == ATOMIC_TOO_LARGE for r in unit.review_items):
+        return unit
+    items = [*full["review_items"],
+             *({"code": ATOMIC_TOO_LARGE, "message": message, "field": field}
+               for field, message in found)]
+    return parse_unit({**full, "review_items": items})
+
+
+def _cited_sources(data: dict[str, Any]) -> set[str]:
+    """Source files a proposed unit names itself (it should name none, or its own)."""
+    provenance = data.get("provenance")
+    named = [data.get("source_file"),
+             provenance.get("source_file") if isinstance(provenance, dict) else None]
+    return {str(s) for s in named if s is not None}
 
 
 def _copy_doc(doc: CuratedDocument) -> CuratedDocument:

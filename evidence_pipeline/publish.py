@@ -12,15 +12,28 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evidence_pipeline.evalset import read_evaluation
-from evidence_pipeline.evaluate import EvaluationReport, evaluate
+from evidence_pipeline.evaluate import (
+    EvaluationReport,
+    baseline_path,
+    compare_with_baseline,
+    evaluate,
+)
 from evidence_pipeline.fragments import AtomicTooLarge, Fragment, build_fragments
 from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
-from evidence_pipeline.validate import LoadedUnit, Problem, Severity, validate_evidence_dir
+from evidence_pipeline.validate import (
+    LoadedUnit,
+    Problem,
+    Severity,
+    ValidationReport,
+    sort_problems,
+    validate_evidence_dir,
+)
 from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import EvidenceError
@@ -73,6 +86,16 @@ def point_id(workspace_id: str, generation: int, evidence_id: str, ordinal: int)
     """Point ids derive from identity: (workspace, generation, evidence id, fragment ordinal)."""
     return str(uuid.uuid5(POINT_NAMESPACE, f"{workspace_id}\0{generation}\0{evidence_id}\0"
                                            f"{ordinal}"))
+
+
+def _named(problems: list[Problem], shown: int = 3) -> str:
+    """The first problems as ``code (path, unit, field)``: the error line names them."""
+    parts = []
+    for p in problems[:shown]:
+        where = ", ".join(x for x in (p.path, p.evidence_id, p.field) if x)
+        parts.append(f"{p.code} ({where})" if where else p.code)
+    more = f" and {len(problems) - shown} more" if len(problems) > shown else ""
+    return "; ".join(parts) + more
 
 
 def open_registry(ws: Workspace) -> Registry:
@@ -140,62 +163,29 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     """
     say = progress or (lambda _msg: None)
     ws = load_workspace(root)
-    wid = ws.config.workspace_id
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     with open_registry(ws) as registry:
-        revision = registry.activated_revision(wid)
-        if revision is None:
-            raise PublishError("no revision is activated for this workspace; run "
-                               "`tht workspace activate` first", path=str(ws.root))
+        revision = activated_revision(ws, registry)
         say(f"revision {revision[:12]}: materializing from Git")
-        mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
-        evidence_dir = mat / ws.config.evidence.root
-        report, loaded = validate_evidence_dir(evidence_dir,
-                                               patterns=ws.config.evidence.patterns,
-                                               shown_prefix=f"{ws.config.evidence.root}/")
-        if report.status.value != "publishable":
-            raise PublishError(
-                f"revision {revision[:12]} is {report.status.value}: "
-                f"{len(report.problems)} problem(s) block publication", report.problems)
-        evalset = read_evaluation(evidence_dir)
+        corpus = materialize_corpus(ws, revision)
+        require_publishable(corpus)
+        evalset = read_evaluation(corpus.evidence_dir)
         timings["validate_s"] = time.perf_counter() - t0
 
-        # fragments
         t = time.perf_counter()
-        max_chars = ws.config.embeddings.max_chunk_chars
-        frags: list[tuple[LoadedUnit, Fragment]] = []
-        problems: list[Problem] = []
-        for item in loaded:
-            assert item.unit is not None and item.doc is not None
-            try:
-                for fr in build_fragments(item.unit, item.doc.body, max_chars):
-                    frags.append((item, fr))
-            except AtomicTooLarge as exc:
-                problems.append(Problem("atomic_content_too_large", Severity.error,
-                                        f"{ws.config.evidence.root}/{item.rel_path}",
-                                        item.unit.id, str(exc), exc.field))
-        if problems:
-            raise PublishError("atomic elements do not fit in one fragment", problems)
+        frags = cut_fragments(ws, corpus.loaded)
         timings["fragments_s"] = time.perf_counter() - t
-        say(f"{len(loaded)} units → {len(frags)} fragments")
+        say(f"{len(corpus.loaded)} units → {len(frags)} fragments")
 
-        # embeddings (cached by model and text)
         t = time.perf_counter()
-        emb = embedder or make_embedder(ws.config.embeddings.model, max_chunk_chars=max_chars,
-                                        threads=ws.config.embeddings.threads)
-        cache = VectorCache(ws.state_dir / "vectors.sqlite3")
-        try:
-            vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache)
-        finally:
-            cache.close()
+        emb, vectors, computed = embed_fragments(ws, frags, embedder)
         timings["embed_s"] = time.perf_counter() - t
         say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
 
-        index = index_factory(ws, emb.dim) if index_factory else open_index(
-            index_config(ws), language=ws.config.language, dense_dim=emb.dim, create=True)
+        index = open_target_index(ws, emb.dim, index_factory)
         try:
-            return _publish(ws, registry, index, emb, revision, loaded, frags, vectors,
+            return _publish(ws, registry, index, emb, revision, corpus.loaded, frags, vectors,
                             evalset, computed, timings, say, t0)
         finally:
             index.close()
@@ -205,15 +195,154 @@ def _publish(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embed
              revision: str, loaded: list[LoadedUnit], frags: list[tuple[LoadedUnit, Fragment]],
              vectors: Any, evalset: Any, computed: int, timings: dict[str, float],
              say: Progress, t0: float) -> PublishResult:
+    candidate = build_candidate(ws, registry, index, emb, revision, loaded, frags, vectors,
+                                computed=computed, say=say)
+    timings.update(candidate.timings)
+    t = time.perf_counter()
+    report = evaluate_candidate(ws, registry, index, emb, candidate, loaded, evalset)
+    timings["evaluate_s"] = time.perf_counter() - t
+    if not report.gate_passed:
+        raise gate_failure(report)
+    deleted = activate_candidate(ws, registry, index, candidate, report, say=say)
+    timings["total_s"] = time.perf_counter() - t0
+    return PublishResult(generation=candidate.generation, revision=revision, activated=True,
+                         evaluation=report, counts=candidate.counts, timings=timings,
+                         retired_points_deleted=deleted)
+
+
+# --- the stages of preprocess (the CLI above and the Dagster assets call these) ----------------
+
+
+@dataclass
+class PublishedCorpus:
+    """The activated revision materialized from Git and validated again."""
+
+    revision: str
+    evidence_dir: Path
+    report: ValidationReport
+    loaded: list[LoadedUnit]
+
+
+@dataclass
+class Candidate:
+    """A candidate generation uploaded and verified, not yet evaluated or active."""
+
+    generation: int
+    revision: str
+    counts: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def activated_revision(ws: Workspace, registry: Registry) -> str:
+    """The revision to publish; :class:`PublishError` when none is activated."""
+    revision = registry.activated_revision(ws.config.workspace_id)
+    if revision is None:
+        raise PublishError("no revision is activated for this workspace; run "
+                           "`tht workspace activate` first", path=str(ws.root))
+    return revision
+
+
+def materialize_corpus(ws: Workspace, revision: str) -> PublishedCorpus:
+    """Write the revision's tree under the state directory and validate its whole corpus."""
+    mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
+    evidence_dir = mat / ws.config.evidence.root
+    report, loaded = validate_evidence_dir(evidence_dir, patterns=ws.config.evidence.patterns,
+                                           shown_prefix=f"{ws.config.evidence.root}/")
+    return PublishedCorpus(revision, evidence_dir, report, loaded)
+
+
+def require_publishable(corpus: PublishedCorpus) -> None:
+    """:class:`PublishError` listing every problem unless the corpus is publishable."""
+    report = corpus.report
+    if report.status.value != "publishable":
+        blocking = sort_problems(report.problems)
+        raise PublishError(
+            f"revision {corpus.revision[:12]} is {report.status.value}: "
+            f"{len(blocking)} problem(s) block publication: {_named(blocking)}", blocking)
+
+
+def cut_fragments(ws: Workspace, loaded: list[LoadedUnit]) -> list[tuple[LoadedUnit, Fragment]]:
+    """Every unit's fragments; :class:`PublishError` when an atomic element cannot fit."""
+    max_chars = ws.config.embeddings.max_chunk_chars
+    frags: list[tuple[LoadedUnit, Fragment]] = []
+    problems: list[Problem] = []
+    for item in loaded:
+        assert item.unit is not None and item.doc is not None
+        try:
+            for fr in build_fragments(item.unit, item.doc.body, max_chars):
+                frags.append((item, fr))
+        except AtomicTooLarge as exc:
+            problems.append(Problem("atomic_content_too_large", Severity.error,
+                                    f"{ws.config.evidence.root}/{item.rel_path}",
+                                    item.unit.id, str(exc), exc.field))
+    if problems:
+        raise PublishError(f"atomic elements do not fit in one fragment: "
+                           f"{_named(problems)}", problems)
+    return frags
+
+
+def embed_fragments(ws: Workspace, frags: list[tuple[LoadedUnit, Fragment]],
+                    embedder: Embedder | None = None) -> tuple[Embedder, Any, int]:
+    """Dense vectors of the fragments, cached by (model, text): (embedder, vectors, computed)."""
+    try:
+        emb = embedder or make_embedder(ws.config.embeddings.model,
+                                        max_chunk_chars=ws.config.embeddings.max_chunk_chars,
+                                        threads=ws.config.embeddings.threads)
+        cache = VectorCache(ws.state_dir / "vectors.sqlite3")
+        try:
+            vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache)
+        finally:
+            cache.close()
+    except EvidenceError as exc:
+        raise PublishError(f"embedding the fragments failed: {exc}", code=exc.code) from exc
+    return emb, vectors, computed
+
+
+def open_target_index(ws: Workspace, dense_dim: int,
+                      index_factory: Callable[[Workspace, int], EvidenceIndex] | None = None,
+                      ) -> EvidenceIndex:
+    """The index to publish into (thoth.yaml's unless ``index_factory`` is given)."""
+    try:
+        return index_factory(ws, dense_dim) if index_factory else open_index(
+            index_config(ws), language=ws.config.language, dense_dim=dense_dim, create=True)
+    except EvidenceError as exc:  # e.g. the embedded shard is held by another process
+        raise PublishError(f"cannot open the index: {exc}", code=exc.code) from exc
+
+
+@contextlib.contextmanager
+def _compensating(registry: Registry, index: EvidenceIndex, wid: str,
+                  generation: int) -> Iterator[None]:
+    """On any failure: mark the candidate failed, remove its points, re-raise as PublishError."""
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(EvidenceError):
+            registry.update_generation(wid, generation, status=GenerationStatus.failed)
+        _discard(index, wid, generation)
+        if isinstance(exc, EvidenceError) and not isinstance(exc, PublishError):
+            raise PublishError(f"generation {generation} failed: {exc}",
+                               code=exc.code) from exc
+        raise
+
+
+def build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+                    revision: str, loaded: list[LoadedUnit],
+                    frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
+                    say: Progress) -> Candidate:
+    """Record a candidate generation, upload its points beside the active ones and verify them."""
     wid = ws.config.workspace_id
-    index.ensure_schema(dense_dim=emb.dim)
+    try:
+        index.ensure_schema(dense_dim=emb.dim)
+    except EvidenceError as exc:  # nothing was changed; no generation was recorded
+        raise PublishError(f"the index cannot hold Evidence: {exc}", code=exc.code) from exc
     config = {"embedder": emb.model_id, "dim": emb.dim,
               "max_chunk_chars": ws.config.embeddings.max_chunk_chars,
               "rrf_k": ws.config.index.rrf_k, "prefetch_limit": ws.config.index.prefetch_limit,
               "bm25_language": ws.config.language, "engine": ws.config.index.engine}
     gen: Generation = registry.new_generation(wid, revision, config)
     say(f"candidate generation {gen.number}")
-    try:
+    timings: dict[str, float] = {}
+    with _compensating(registry, index, wid, gen.number):
         t = time.perf_counter()
         points = [IndexPoint(id=point_id(wid, gen.number, item.unit.id, fr.ordinal),
                              dense=vectors[i], text=fr.text,
@@ -228,38 +357,58 @@ def _publish(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embed
         counts["fragments_embedded"] = computed
         timings["verify_s"] = time.perf_counter() - t
         say("verified counts, ids and readability")
+    return Candidate(gen.number, revision, counts, timings)
 
-        t = time.perf_counter()
+
+def evaluate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+                       candidate: Candidate, loaded: list[LoadedUnit],
+                       evalset: Any) -> EvaluationReport:
+    """Evaluate the candidate and record the report; a failed gate marks it failed and removes
+    its points (the active generation is left alone)."""
+    wid = ws.config.workspace_id
+    number = candidate.generation
+    with _compensating(registry, index, wid, number):
         searcher = EvidenceSearcher.for_workspace(ws, index=index, registry=registry,
                                                   embedder=emb)
         kinds = {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
-        report = evaluate(searcher, evalset, unit_kinds=kinds, generation=gen.number)
-        timings["evaluate_s"] = time.perf_counter() - t
-        registry.update_generation(wid, gen.number, counts=counts, evaluation=report.to_json())
-        if not report.gate_passed:
-            missed = [q["id"] for q in report.queries if not q["hit_at_10"]]
-            registry.update_generation(wid, gen.number, status=GenerationStatus.failed)
-            _discard(index, wid, gen.number)
-            raise GateFailed(report, f"evaluation gate failed: {len(missed)} query(ies) without "
-                                     f"an expected unit in the fused top 10: "
-                                     f"{', '.join(missed[:10])}")
-        registry.activate_generation(wid, gen.number)
-        say(f"generation {gen.number} is active")
-    except GateFailed:
-        raise
-    except BaseException as exc:
+        report = evaluate(searcher, evalset, unit_kinds=kinds, generation=number)
+        # an unreadable baseline must not block publication: it only adds information
         with contextlib.suppress(EvidenceError):
-            registry.update_generation(wid, gen.number, status=GenerationStatus.failed)
-        _discard(index, wid, gen.number)
-        if isinstance(exc, EvidenceError) and not isinstance(exc, PublishError):
-            raise PublishError(f"generation {gen.number} failed: {exc}",
-                               code=exc.code) from exc
-        raise
-    deleted = apply_retention(registry, index, wid, ws.config.publish.retention)
-    timings["total_s"] = time.perf_counter() - t0
-    return PublishResult(generation=gen.number, revision=revision, activated=True,
-                         evaluation=report, counts=counts, timings=timings,
-                         retired_points_deleted=deleted)
+            report.regressions = compare_with_baseline(report, baseline_path(ws.state_dir))
+        registry.update_generation(wid, number, counts=candidate.counts,
+                                   evaluation=report.to_json())
+        if not report.gate_passed:
+            registry.update_generation(wid, number, status=GenerationStatus.failed)
+            _discard(index, wid, number)
+    return report
+
+
+def gate_failure(report: EvaluationReport) -> GateFailed:
+    """The error of a failed gate, naming the queries without an expected unit in the top 10."""
+    missed = [q["id"] for q in report.queries if not q["hit_at_10"]]
+    regressed = (f"; regressions against the baseline: {', '.join(report.regressions)}"
+                 if report.regressions else "")
+    return GateFailed(report, f"evaluation gate failed: {len(missed)} query(ies) without "
+                              f"an expected unit in the fused top 10: "
+                              f"{', '.join(missed[:10])}{regressed}")
+
+
+def activate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex,
+                       candidate: Candidate, report: EvaluationReport, *,
+                       say: Progress) -> list[int]:
+    """Switch the active pointer to the candidate (only after its gate passed), then apply
+    retention; returns the generations whose points were deleted."""
+    if not report.gate_passed or report.generation != candidate.generation:
+        raise gate_failure(report)
+    wid = ws.config.workspace_id
+    with _compensating(registry, index, wid, candidate.generation):
+        registry.activate_generation(wid, candidate.generation)
+        say(f"generation {candidate.generation} is active")
+    try:
+        return apply_retention(registry, index, wid, ws.config.publish.retention)
+    except EvidenceError as exc:  # the new generation is active; old points wait for next run
+        say(f"retention skipped: {exc}")
+        return []
 
 
 class GateFailed(PublishError):

@@ -71,6 +71,14 @@ def check_rel_path(rel: str) -> None:
                               path=repr(rel), code="unsafe_path")
 
 
+def _unsafe_name(rel: str) -> SourceError | None:
+    try:
+        check_rel_path(rel)
+    except SourceError as exc:
+        return exc
+    return None
+
+
 def _allowed(name: str) -> bool:
     return name.endswith(ALLOWED_SUFFIXES)
 
@@ -80,9 +88,14 @@ def read_source(evidence_dir: Path, rel: str) -> Source:
     check_rel_path(rel)
     file = evidence_dir / rel
     base = (evidence_dir / "source").resolve()
-    if file.is_symlink() and not file.resolve().is_relative_to(base):
+    try:
+        resolved = file.resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise SourceError("the path cannot be resolved (symlink loop?)", path=rel,
+                          code="unsafe_path") from None
+    if file.is_symlink() and not resolved.is_relative_to(base):
         raise SourceError("symlink leaves the source/ tree", path=rel, code="unsafe_path")
-    if not file.resolve().is_relative_to(base):
+    if not resolved.is_relative_to(base):
         raise SourceError("path leaves the source/ tree", path=rel, code="unsafe_path")
     if not file.is_file():
         raise SourceError("not a regular file", path=rel, code="unsafe_path")
@@ -119,13 +132,17 @@ def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
         for d in list(dirnames):
             if (here / d).is_symlink():
                 rel = (here / d).relative_to(evidence_dir).as_posix()
-                errors.append(SourceError("symlinked directories are not followed", path=rel,
-                                          code="unsafe_path"))
+                errors.append(_unsafe_name(rel) or SourceError(
+                    "symlinked directories are not followed", path=rel, code="unsafe_path"))
                 dirnames.remove(d)
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
             rel = (here / name).relative_to(evidence_dir).as_posix()
+            unsafe = _unsafe_name(rel)
+            if unsafe is not None:  # said first: the raw name must not reach a terminal
+                errors.append(unsafe)
+                continue
             if not _allowed(name):
                 errors.append(SourceError("only .md, .txt and .sql.md sources are accepted",
                                           path=rel, code="source_type_not_allowed"))

@@ -42,6 +42,7 @@ from evidence_runtime.units import (
     UnitBase,
 )
 from evidence_runtime.workspace import load_workspace
+from evidence_runtime.yamlio import dump_rt
 
 
 class Severity(StrEnum):
@@ -140,7 +141,7 @@ class SourceReader:
         base = (self.evidence_dir / "source").resolve()
         try:
             resolved = file.resolve()
-        except OSError:
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
             return "source cannot be resolved"
         if not resolved.is_relative_to(base):
             return "source path leaves the source/ tree (symlink?)"
@@ -165,9 +166,11 @@ _FIELD_CODES = {
     "schema_version": "schema_version_invalid",
 }
 
-# Review items that cover an incompatible formula.sql (the legacy migration, spec §4.3): the SQL
-# problem is then reported as a doubt (blocked) instead of an error (invalid).
+# Review items that cover an incompatible formula.sql (the legacy migration, spec §4.3): on a unit
+# citing a copy of a legacy entry, the SQL problem is then a doubt (blocked), not an error
+# (invalid). Elsewhere (e.g. a model's reply in prepare) the code covers nothing.
 FORMULA_SQL_REVIEW_CODES = frozenset({"legacy_formula_incompatible"})
+LEGACY_FORMULA_SOURCES = "source/60-formule/legacy/"
 
 _FORBIDDEN_IN_FORMULA = (
     exp.Query,
@@ -225,7 +228,7 @@ def check_example_sql(sql: str) -> tuple[str, str] | None:
         return "example_sql_invalid", f"SQL does not parse (postgres): {first}"
     if len(statements) != 1 or not isinstance(statements[0], exp.Query):
         return "example_sql_invalid", "must be exactly one query (SELECT or WITH … SELECT)"
-    if statements[0].find(exp.DML, exp.DDL):
+    if statements[0].find(exp.DML, exp.DDL, exp.Into):  # SELECT … INTO creates a table
         return "example_sql_invalid", "a documented query must not modify data"
     return None
 
@@ -243,18 +246,24 @@ def check_url(url: str) -> str | None:
 
 
 _CREDENTIAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")),
+    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
     ("password in a connection string",
-     re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]+:[^\s@/'\"]+@", re.IGNORECASE)),
+     re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:[^\s@/'\"]+@", re.IGNORECASE)),
+    # (?<![a-z0-9]) rather than \b: DB_PASSWORD=, GITHUB_TOKEN= are names ending in the word
     ("password assignment",
-     re.compile(r"(?i)\b(?:password|passwd|pwd|passwort|parola\s?chiave)\s*[:=]\s*['\"]?[^\s'\";,]{3,}")),
+     re.compile(r"(?i)(?<![a-z0-9])(?:password|passwd|pwd|passwort|parola\s?chiave)\s*[:=]\s*['\"]?[^\s'\";,]{3,}")),
     ("API key or token assignment",
-     re.compile(r"(?i)\b(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token|secret[_-]?key"
-                r"|client[_-]?secret|token|secret)\s*[:=]\s*['\"]?[A-Za-z0-9_\-./+]{12,}")),
+     re.compile(r"(?i)(?<![a-z0-9])(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
+                r"|secret[_-]?(?:access[_-]?)?key|client[_-]?secret|token|secret)"
+                r"\s*[:=]\s*['\"]?[A-Za-z0-9_\-./+]{12,}")),
     ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     ("OpenAI-style secret key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}")),
-    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}")),
-    ("Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}")),
+    ("Stripe secret key", re.compile(r"\b[rs]k_live_[A-Za-z0-9]{16,}")),
+    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})")),
+    ("Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"
+                               r"|hooks\.slack\.com/services/[A-Za-z0-9_/]{20,}")),
+    ("basic authorization header",
+     re.compile(r"(?i)\bauthorization\s*:\s*basic\s+[A-Za-z0-9+/]{8,}={0,2}")),
     ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
     ("JSON web token",
      re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
@@ -270,6 +279,8 @@ def find_credentials(text: str) -> list[str]:
 def _walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(value, dict):
         for k, v in value.items():
+            if prefix:  # a key is text too (an enum code)
+                yield prefix, str(k)
             yield from _walk_strings(v, f"{prefix}.{k}" if prefix else str(k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
@@ -279,12 +290,20 @@ def _walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 
 
 def credential_problems(data: Any, body: str, *, path: str | None,
-                        evidence_id: str | None) -> list[Problem]:
+                        evidence_id: str | None, front_text: str = "") -> list[Problem]:
     out = []
+    found: set[str] = set()
     for field_path, text in [*_walk_strings(data), ("body", body)]:
         for name in find_credentials(text):
+            found.add(name)
             out.append(Problem("credentials_found", Severity.error, path, evidence_id,
                                f"looks like a credential ({name}); remove it", field_path))
+    # YAML comments are no field, but they are committed with the file
+    for name in find_credentials(front_text):
+        if name not in found:
+            out.append(Problem("credentials_found", Severity.error, path, evidence_id,
+                               f"looks like a credential ({name}) in the front matter outside "
+                               "any field (a YAML comment?); remove it"))
     return out
 
 
@@ -334,8 +353,9 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
         if bad:
             # an imported legacy entry keeps its SQL verbatim under a review item that says so:
             # blocked until a curator rewrites it; removing the item alone makes the unit invalid
-            covered = any(i.code in FORMULA_SQL_REVIEW_CODES and i.field == "formula.sql"
-                          for i in unit.review_items)
+            covered = unit.provenance.source_file.startswith(LEGACY_FORMULA_SOURCES) and any(
+                i.code in FORMULA_SQL_REVIEW_CODES and i.field == "formula.sql"
+                for i in unit.review_items)
             problem(bad[0], f"formula.sql {bad[1]}", "formula.sql",
                     Severity.review if covered else Severity.error)
     elif isinstance(unit, ExampleUnit) and unit.example.sql:
@@ -397,7 +417,7 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
         eid = doc.evidence_id
         if check:
             problems.extend(credential_problems(doc.data(), doc.body, path=shown,
-                                                evidence_id=eid))
+                                                evidence_id=eid, front_text=dump_rt(doc.front)))
         try:
             unit = doc.unit()
         except ValidationError as exc:

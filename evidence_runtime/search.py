@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import (
+    ConfigError,
     EmbedderError,
     EvidenceError,
     IndexError_,
@@ -29,7 +30,7 @@ from evidence_runtime.errors import (
 )
 from evidence_runtime.index import EvidenceIndex, Hit, Match, QueryMode, open_index
 from evidence_runtime.query import EvidenceSearchContext, render_query
-from evidence_runtime.registry import Generation, Registry
+from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.units import EvidencePurpose
 from evidence_runtime.workspace import Workspace, load_workspace
 
@@ -191,7 +192,7 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
 
 def _excerpt(text: str) -> str:
     # the fragment text starts with the unit's labels (title, kind, applies_to): show the content
-    head, sep, content = text.partition("\n\n")
+    _head, sep, content = text.partition("\n\n")
     text = content if sep and content.strip() else text
     return text if len(text) <= MAX_EXCERPT_CHARS else text[:MAX_EXCERPT_CHARS - 1] + "…"
 
@@ -214,6 +215,7 @@ class EvidenceSearcher:
         self.prefetch_limit = prefetch_limit
         self._index = index
         self._owns_index = index is None
+        self._owns_registry = False
         self._index_config = index_config
         self._lock = threading.Lock()
 
@@ -225,12 +227,13 @@ class EvidenceSearcher:
         """A searcher configured from a workspace's ``thoth.yaml`` and state directory."""
         ws = workspace if isinstance(workspace, Workspace) else load_workspace(workspace)
         cfg = ws.config
-        return cls(
+        emb = embedder or make_embedder(cfg.embeddings.model,
+                                        max_chunk_chars=cfg.embeddings.max_chunk_chars,
+                                        threads=cfg.embeddings.threads)
+        searcher = cls(
             workspace_id=cfg.workspace_id,
             registry=registry or Registry.open(ws.registry_url),
-            embedder=embedder or make_embedder(cfg.embeddings.model,
-                                               max_chunk_chars=cfg.embeddings.max_chunk_chars,
-                                               threads=cfg.embeddings.threads),
+            embedder=emb,
             index=index,
             index_config=index_config(ws),
             language=cfg.language,
@@ -238,6 +241,8 @@ class EvidenceSearcher:
             rrf_k=cfg.index.rrf_k,
             prefetch_limit=cfg.index.prefetch_limit,
         )
+        searcher._owns_registry = registry is None
+        return searcher
 
     # --- resources ------------------------------------------------------------------------
 
@@ -251,11 +256,15 @@ class EvidenceSearcher:
             return self._index
 
     def close(self) -> None:
-        """Release the index (the embedded shard lock) if this searcher opened it."""
+        """Release the index (the embedded shard lock) and the registry connection if this
+        searcher opened them."""
         with self._lock:
             if self._index is not None and self._owns_index:
                 self._index.close()
                 self._index = None
+            if self._owns_registry:
+                self._owns_registry = False
+                self.registry.close()
 
     def __enter__(self) -> EvidenceSearcher:
         return self
@@ -277,6 +286,14 @@ class EvidenceSearcher:
         if generation is not None and chosen is None:
             return unavailable(UnavailableCode.generation_unknown,
                                f"generation {generation} does not exist")
+        if generation is not None and chosen is not None and (
+                chosen.status is GenerationStatus.failed
+                or not chosen.counts.get("points_retained", True)):
+            # its points were removed: searching it would answer an empty, misleading list
+            why = "failed" if chosen.status is GenerationStatus.failed else "was retired"
+            return unavailable(UnavailableCode.generation_unknown,
+                               f"generation {generation} {why} and its points were removed",
+                               generation=generation)
         if chosen is None:
             return unavailable(UnavailableCode.no_active_generation,
                                "no Evidence generation is active for this workspace")
@@ -314,6 +331,8 @@ class EvidenceSearcher:
                                       match=match, limit=max(limit * 4, limit),
                                       mode=mode, prefetch_limit=self.prefetch_limit,
                                       rrf_k=self.rrf_k)
+        except ConfigError as exc:  # e.g. the server's API key variable is not set
+            return unavailable(UnavailableCode.not_configured, str(exc), purpose=purpose)
         except IndexError_ as exc:
             if self._owns_index and isinstance(exc, (IndexLockedError,
                                                      IndexUnavailableError)):
@@ -369,13 +388,44 @@ _default_lock = threading.Lock()
 
 def configure(workspace_root: Path | str | None = None, *,
               searcher: EvidenceSearcher | None = None) -> EvidenceSearcher:
-    """Set the process-wide searcher used by :func:`search` (from a workspace or given)."""
+    """Set the process-wide searcher used by :func:`search` (from a workspace or given).
+
+    A previously configured searcher is closed.
+    """
+    global _default
+    new = searcher or EvidenceSearcher.for_workspace(
+        Path(workspace_root) if workspace_root else Path.cwd())
+    with _default_lock:
+        old, _default = _default, new
+    if old is not None and old is not new:
+        old.close()
+    return new
+
+
+def reset() -> None:
+    """Close and forget the process-wide searcher (releasing the embedded shard); the next
+    :func:`search` configures again from ``THT_WORKSPACE``."""
+    global _default
+    with _default_lock:
+        old, _default = _default, None
+    if old is not None:
+        old.close()
+
+
+def _configured() -> EvidenceSearcher | str:
+    """The process-wide searcher, configured once from ``THT_WORKSPACE`` when needed."""
     global _default
     with _default_lock:
         if _default is not None:
-            _default.close()
-        _default = searcher or EvidenceSearcher.for_workspace(
-            Path(workspace_root) if workspace_root else Path.cwd())
+            return _default
+        root = os.environ.get("THT_WORKSPACE")
+        if not root:
+            return ("no workspace configured: call evidence_runtime.configure(root) or set "
+                    "THT_WORKSPACE")
+        try:
+            _default = EvidenceSearcher.for_workspace(Path(root))
+        except EvidenceError as exc:
+            return str(exc)
         return _default
 
 
@@ -383,22 +433,25 @@ def search(query: str, purpose: EvidencePurpose | str,
            context: EvidenceSearchContext | None = None) -> EvidenceSearchOutcome:
     """The Evidence search of spec §10 on the configured workspace (see :func:`configure`).
 
-    Without a configured searcher the ``THT_WORKSPACE`` environment variable names the root.
+    Without a configured searcher the ``THT_WORKSPACE`` environment variable names the root;
+    with neither the outcome is ``unavailable`` with code ``not_configured``.
     """
-    global _default
-    searcher = _default
-    if searcher is None:
-        root = os.environ.get("THT_WORKSPACE")
-        if not root:
-            return unavailable(UnavailableCode.not_configured,
-                               "no workspace configured: call evidence_runtime.configure(root) "
-                               "or set THT_WORKSPACE", purpose=EvidencePurpose(purpose))
-        try:
-            searcher = configure(root)
-        except EvidenceError as exc:
-            return unavailable(UnavailableCode.not_configured, str(exc),
-                               purpose=EvidencePurpose(purpose))
+    purpose = EvidencePurpose(purpose)
+    searcher = _configured()
+    if isinstance(searcher, str):
+        render_query(query, context)  # an empty question is a caller bug even here
+        return unavailable(UnavailableCode.not_configured, searcher, purpose=purpose)
     return searcher.search(query, purpose, context)
+
+
+def resolve_document(result: EvidenceResult) -> DocumentOutcome:
+    """The full curated document of ``result`` from the configured workspace's activated
+    revision, or ``unavailable`` (``document_missing`` / ``not_configured``)."""
+    searcher = _configured()
+    if isinstance(searcher, str):
+        return DocumentOutcome(status="unavailable", code=UnavailableCode.not_configured,
+                               message=searcher)
+    return searcher.document(result)
 
 
 __all__ = [
@@ -410,5 +463,7 @@ __all__ = [
     "ResultProvenance",
     "UnavailableCode",
     "configure",
+    "reset",
+    "resolve_document",
     "search",
 ]

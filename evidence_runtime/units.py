@@ -8,6 +8,7 @@ syntax); checks that need the source, the corpus or SQL parsing live in the pipe
 from __future__ import annotations
 
 import re
+import unicodedata
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -87,6 +88,16 @@ def check_column_ref(value: str) -> str:
     return value
 
 
+def check_source_path(value: str) -> str:
+    """Accept a source path relative to ``evidence/``: under ``source/``, no ``..``, no
+    backslash, no control or format characters."""
+    if not value.startswith("source/") or ".." in value.split("/") or "\\" in value:
+        raise ValueError("must be a path under source/ relative to evidence/")
+    if any(unicodedata.category(c) in {"Cc", "Cf", "Zl", "Zp"} for c in value):
+        raise ValueError("must not contain control or format characters")
+    return value
+
+
 def column_table(column: str) -> str:
     """The table part of a column reference (``a.b.c`` → ``a.b``)."""
     parts = _split_ident_path(column)
@@ -159,9 +170,7 @@ class Provenance(BaseModel):
     @field_validator("source_file")
     @classmethod
     def _source_file(cls, v: str) -> str:
-        if not v.startswith("source/") or ".." in v.split("/") or "\\" in v:
-            raise ValueError("must be a path under source/ relative to evidence/")
-        return v
+        return check_source_path(v)
 
     @field_validator("source_sha256")
     @classmethod

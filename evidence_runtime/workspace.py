@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import ConfigError, UnitFormatError
@@ -36,6 +36,25 @@ class EvidenceSection(BaseModel):
 
     root: str = "evidence"
     patterns: list[str] = Field(default_factory=lambda: ["curated/**/*.md"])
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        return _inside(v)
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        return [_inside(p) for p in v]
+
+
+def _inside(value: str) -> str:
+    # the evidence root and its patterns are read (and written) below the workspace root only
+    pure = PurePosixPath(value)
+    if not value.strip() or pure.is_absolute() or ".." in pure.parts or "\\" in value:
+        raise ValueError(f"{value!r} must be a relative path that stays inside the workspace "
+                         "(not absolute, no '..')")
+    return value
 
 
 class EmbeddingsSection(BaseModel):

@@ -7,6 +7,7 @@ refused before anything is constructed (no alias bombs, no object construction).
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -27,6 +28,10 @@ _STANDARD_TAGS = {
     "tag:yaml.org,2002:seq",
 }
 MAX_YAML_NODES = 100_000
+# ruamel's scanner is quadratic in the depth of flow collections ([[[… or {{{…): bound it on
+# the raw text before parsing (brackets inside strings count too; no real file comes close)
+MAX_FLOW_DEPTH = 100
+_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 
 def make_yaml() -> YAML:
@@ -68,6 +73,17 @@ def _check_nodes(root: Node | None, path: str | None) -> None:
             stack.extend(node.value)
 
 
+def _flow_depth(text: str) -> int:
+    depth = deepest = 0
+    for ch in _BRACKETS.sub("", text):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
+
+
 def _line(node: Node) -> int:
     return node.start_mark.line + 1 if node.start_mark else 0
 
@@ -75,12 +91,19 @@ def _line(node: Node) -> int:
 def load_rt(text: str, *, path: str | None = None) -> Any:
     """Parse YAML text into round-trip data; a clear :class:`UnitFormatError` on any fault."""
     y = make_yaml()
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise UnitFormatError(f"YAML document is nested more than {MAX_FLOW_DEPTH} levels deep",
+                              path=path, code="yaml_forbidden_construct")
     try:
         root = y.compose(text)
         _check_nodes(root, path)
         return y.load(text)
     except UnitFormatError:
         raise
+    except RecursionError:
+        # the composer recurses once per nesting level: a deeply nested document is a bomb
+        raise UnitFormatError("YAML document is nested too deeply", path=path,
+                              code="yaml_forbidden_construct") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -26,7 +26,7 @@ from evidence_pipeline.formulas import (
 )
 from evidence_pipeline.gitrepo import GitError
 from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
-from evidence_pipeline.manifest import read_manifest
+from evidence_pipeline.manifest import dump_manifest, read_manifest
 from evidence_pipeline.prepare import prepare
 from evidence_pipeline.validate import Severity, Status, sha256_bytes, validate_workspace
 from evidence_runtime.curated import dump_curated, read_curated
@@ -244,6 +244,29 @@ def test_review_item_on_another_field_does_not_cover_bad_sql(tmp_path: Path) -> 
     doc.front["review_items"][0]["field"] = "title"
     f.write_text(dump_curated(doc), encoding="utf-8")
     assert validate_workspace(ws).status is Status.invalid
+
+
+def test_legacy_review_code_covers_nothing_outside_the_legacy_copies(tmp_path: Path) -> None:
+    # e.g. a model's reply in prepare cannot launder bad SQL into a mere doubt with this code
+    ws = make_ws(tmp_path)
+    import_formulas(ws, make_store(tmp_path, {"bad.sql.md": legacy("Conteggio", "SELECT 1")}))
+    ev = ws / "evidence"
+    (ev / "source/note").mkdir()
+    (ev / "source/60-formule/legacy/bad.sql.md").rename(ev / "source/note/bad.sql.md")
+    f = unit_file(ws, "evidence:conteggio")
+    doc = read_curated(f)
+    doc.front["provenance"]["source_file"] = "source/note/bad.sql.md"
+    f.write_text(dump_curated(doc), encoding="utf-8")
+    manifest = read_manifest(ev)
+    assert manifest is not None
+    manifest.sources["source/note/bad.sql.md"] = manifest.sources.pop(
+        "source/60-formule/legacy/bad.sql.md")
+    (ev / "manifest.yaml").write_text(dump_manifest(manifest), encoding="utf-8")
+
+    report = validate_workspace(ws)
+    assert report.status is Status.invalid
+    assert [(p.code, p.field) for p in report.problems if p.severity is Severity.error] == [
+        ("formula_not_expression", "formula.sql")]
 
 
 def test_second_import_is_a_no_op(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ class ModelRequest:
     language: str  # unit language code, e.g. "it"
     previous_units: tuple[PreviousUnit, ...] = ()
     max_chunk_chars: int = 4000
+    # the normalized text the previous units were made from, when known: lets a backend tell
+    # unchanged parts of the note from changed ones (minimal change)
+    previous_text: str | None = None
 
     @property
     def allowed_ids(self) -> frozenset[str]:
@@ -147,11 +150,13 @@ class _ProposedBase(BaseModel):
     body: str = Field(description="The restructured Markdown text, without a title heading.")
 
 
-class _RetirementModel(BaseModel):
+class RetirementCandidate(BaseModel):
+    """A previous unit the note no longer supports, as the reply names it."""
+
     model_config = ConfigDict(extra="forbid")
 
-    id: str
-    message: str = Field(min_length=1)
+    id: str = Field(description="The id of a previous unit, exactly as received.")
+    message: str = Field(min_length=1, description="Why the note no longer supports it.")
 
 
 @cache
@@ -169,7 +174,7 @@ def _reply_model() -> type[BaseModel]:
         "EvidenceUnitsReply",
         __config__=ConfigDict(extra="forbid"),
         units=(list[union], ...),  # type: ignore[valid-type]
-        retirement_candidates=(list[_RetirementModel], Field(default_factory=list)),
+        retirement_candidates=(list[RetirementCandidate], Field(default_factory=list)),
     )
 
 

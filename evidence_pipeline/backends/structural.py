@@ -188,6 +188,7 @@ class Draft:
     tables: list[str] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     review: list[dict[str, str]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # every block (or item) of the piece
 
     def flag(self, code: str, message: str, field_name: str | None = None) -> None:
         item = {"code": code, "message": message}
@@ -372,7 +373,7 @@ def split_section(section: Section, refs: _Refs) -> list[Piece]:
     strong = [n for n, r in enumerate(roles) if r in {"sql", "table", "enum_lines"}]
     pieces: list[Piece] = []
     consumed: set[int] = set()
-    # lists split into one piece per item, and single-line code lists
+    # glossary and link lists give one piece per item; a one-line code list is its own piece
     for n, role in enumerate(roles):
         block = blocks[n]
         if role in {"gloss_list", "ref_list"}:
@@ -392,8 +393,8 @@ def split_section(section: Section, refs: _Refs) -> list[Piece]:
         # each anchor takes the prose since the previous anchor; the last one also the rest
         start = 0
         for k, n in enumerate(strong):
-            end = strong[k + 1] if k + 1 < len(strong) else len(blocks)
-            own = [m for m in range(start, end if k + 1 == len(strong) else n + 1)
+            stop = len(blocks) if k + 1 == len(strong) else n + 1
+            own = [m for m in range(start, stop)
                    if m not in consumed and (m == n or roles[m] == "prose")]
             consumed.update(own)
             pieces.append(Piece(section.heading, [blocks[m] for m in own], anchor=blocks[n],
@@ -505,6 +506,7 @@ def classify(piece: Piece, refs: _Refs, request: ModelRequest) -> Draft:
         draft = _prose_draft(piece, refs)
     _flag_ambiguity(piece, draft)
     draft.excerpts = _excerpts(piece, request.normalized_text)
+    draft.texts = _block_texts(piece)
     return draft
 
 
@@ -726,11 +728,11 @@ def _prose_draft(piece: Piece, refs: _Refs) -> Draft:
             len(examples) >= 2 and "mapping" not in heading.lower()
             and not any(refs.find(e["normalized"])[0] for e in examples))):
         return _normalization_draft(piece, refs, examples=examples)
-    if _question(piece, strict=True)[0] and _interpretation(piece, ""):
-        question = _question(piece, strict=True)[0]
-        assert question is not None
+    question = _question(piece, strict=True)[0]
+    labelled = _labelled_interpretation(piece)
+    if question and labelled:  # a documented question without SQL
         return _new(K.example, piece, _title(piece, question), {
-            "question": question, "interpretation": _interpretation(piece, question)}, refs)
+            "question": question, "interpretation": labelled}, refs)
     if any(_LABEL.match(line.strip()) for b in piece.prose for line in b.lines):
         return _domain_draft(piece, refs)
     glossary = _glossary(piece, refs)
@@ -1044,12 +1046,20 @@ def _question(piece: Piece, *, strict: bool = False) -> tuple[str | None, bool]:
     return re.sub(r"^\d{1,3}\.\s+", "", _unemph(piece.heading)), True
 
 
-def _interpretation(piece: Piece, question: str) -> str | None:
+def _labelled_interpretation(piece: Piece) -> str | None:
+    """The text after an "Interpretazione:" label, with the rest of its paragraph."""
     for block in piece.prose:
         m = _INTERP_LABEL.match(block.lines[0].strip())
         if m:
             rest = [m.group("i"), *(ln.strip() for ln in block.lines[1:])]
             return " ".join(x for x in rest if x)
+    return None
+
+
+def _interpretation(piece: Piece, question: str) -> str | None:
+    labelled = _labelled_interpretation(piece)
+    if labelled:
+        return labelled
     for block in piece.prose:
         text = block.flat
         if text and question not in text and not _QUESTION_LABEL.match(text):
@@ -1162,19 +1172,23 @@ def _check_sizes(draft: Draft, limit: int) -> None:
                        f"({limit}); it is kept whole.", f"{draft.kind.value}.{name}")
 
 
+def _block_texts(piece: Piece) -> list[str]:
+    if piece.item is not None:
+        return [piece.item]
+    texts: list[str] = []
+    for block in piece.blocks:
+        if block.type == "code":
+            texts.append(block.text.strip("\n"))
+        elif block.type == "table":
+            texts.append(block.text)
+        else:
+            texts.append(block.flat)
+    return [t for t in texts if t.strip()]
+
+
 def _excerpts(piece: Piece, source: str) -> list[str]:
     """Verbatim slices of the normalized text: the piece's blocks, cut at 1000 characters."""
-    texts: list[str] = []
-    if piece.item is not None:
-        texts.append(piece.item)
-    else:
-        for block in piece.blocks:
-            if block.type == "code":
-                texts.append(block.text.strip("\n"))
-            elif block.type == "table":
-                texts.append(block.text)
-            else:
-                texts.append(block.flat)
+    texts = _block_texts(piece)
     out: list[str] = []
     for text in texts:
         if len(texts) > 1 and text.endswith(":") and len(text.split()) <= 2:
@@ -1243,66 +1257,133 @@ def _key(kind: EvidenceKind | str, block: Any) -> str:
 
 def _match_previous(drafts: list[Draft], request: ModelRequest
                     ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Ids and minimal change against the previous units of the source.
+
+    A previous unit whose excerpts are all still in the note is kept exactly as it is (a
+    curator's corrections included); a piece whose excerpts all lie inside kept units adds
+    nothing and is dropped. A piece overlapping one previous unit replaces it under its id (the
+    unit's text changed or grew, possibly with another kind). Other pieces take the id of a
+    vanished unit with the same key or title, or are new. What is left vanished is proposed
+    for retirement.
+    """
+    text = request.normalized_text
+    haystack = canonical(text)
     previous = list(request.previous_units)
-    assigned: dict[int, str] = {}
-    used: set[str] = set()
-
-    def prev_kind(u: Any) -> str:
-        return str(u.data.get("kind", ""))
-
-    def prev_excerpts(u: Any) -> list[str]:
-        prov = u.data.get("provenance")
-        ex = prov.get("supporting_excerpts") if isinstance(prov, dict) else None
-        return [canonical(e) for e in ex if isinstance(e, str)] if isinstance(ex, list) else []
-
-    passes = [
-        # same kind, same key field (term, column, concept, question, url, rule)
-        lambda d, u: prev_kind(u) == d.kind.value and d.key != "" and
-        _key(prev_kind(u), u.data.get(prev_kind(u))) == d.key,
-        # same first excerpt, whatever the kind (a reclassification keeps the id)
-        lambda d, u: bool(prev_excerpts(u)) and prev_excerpts(u)[0] == canonical(d.excerpts[0]),
-        # same kind and title
-        lambda d, u: prev_kind(u) == d.kind.value and
-        canonical(str(u.data.get("title", ""))).casefold() == canonical(d.title).casefold(),
-    ]
-    for same in passes:
-        for n, draft in enumerate(drafts):
-            if n in assigned:
-                continue
-            for unit in previous:
-                if unit.id not in used and same(draft, unit):
-                    assigned[n] = unit.id
-                    used.add(unit.id)
-                    break
-    by_id = {u.id: u for u in previous}
-    units: list[dict[str, Any]] = []
+    excerpts = {u.id: _prev_excerpts(u) for u in previous}
+    supported = {u.id for u in previous if excerpts[u.id] and all(
+        excerpt_in_source(e, text) for e in _prev_excerpts(u, raw=True))}
+    old = canonical(request.previous_text) if request.previous_text is not None else None
+    claimed: dict[int, str] = {}
+    dropped: set[int] = set()
+    overlaps: dict[int, list[str]] = {}
     for n, draft in enumerate(drafts):
-        uid = assigned.get(n)
-        kept = _unchanged_previous(by_id[uid], draft) if uid else None
-        units.append(kept if kept is not None else _unit_dict(draft, uid))
+        mine = [canonical(e) for e in draft.excerpts]
+        over = [u.id for u in previous
+                if any(_overlap(a, b) for a in excerpts[u.id] for b in mine)]
+        kept = [uid for uid in over if uid in supported]
+        if old is not None and previous and len(kept) == len(over) and all(
+                canonical(t) in old for t in draft.texts):
+            dropped.add(n)  # unchanged text: the previous units stand for it as they are
+        elif kept and all(any(b in a for uid in kept for a in excerpts[uid]) for b in mine):
+            dropped.add(n)
+        elif len(over) == 1 and over[0] not in claimed.values():
+            claimed[n] = over[0]
+        elif over:
+            overlaps[n] = over
+    # pieces overlapping several previous units keep the id of the most similar one
+    for n, over in overlaps.items():
+        free = [uid for uid in over if uid not in claimed.values()]
+        best = _most_similar(drafts[n], [u for u in previous if u.id in free])
+        if best is not None:
+            claimed[n] = best
+        rest = [uid for uid in over
+                if uid != best and uid in supported and uid not in claimed.values()]
+        if rest:
+            drafts[n].flag("structural_overlaps_previous_unit", "This part of the note is also "
+                           f"quoted by {', '.join(rest)}, kept from before: check that the units "
+                           "do not repeat each other.", None)
+    # the others: a vanished unit with the same key, first excerpt or title
+    vanished = [u for u in previous if u.id not in supported]
+    for same in (_same_key, _same_first_excerpt, _same_title):
+        for n, draft in enumerate(drafts):
+            if n in claimed or n in dropped:
+                continue
+            for unit in vanished:
+                if unit.id not in claimed.values() and same(draft, unit):
+                    claimed[n] = unit.id
+                    break
+    placed: list[tuple[int, int, dict[str, Any]]] = []
+    for n, draft in enumerate(drafts):
+        if n not in dropped:
+            placed.append((_position(haystack, draft.excerpts), n, _unit_dict(draft,
+                                                                             claimed.get(n))))
+    taken = set(claimed.values())
+    for k, unit in enumerate(previous):
+        if unit.id in supported and unit.id not in taken:
+            first = _prev_excerpts(unit, raw=True)
+            placed.append((_position(haystack, first), len(drafts) + k, _kept(unit)))
+            taken.add(unit.id)
     retire = [
-        {"id": u.id, "message": "The source no longer supports this unit: no part of the "
-         "restructured note has its key, its first excerpt or its title."}
-        for u in previous if u.id not in used]
-    return units, retire
+        {"id": u.id, "message": "The source no longer supports this unit: its excerpts are no "
+         "longer in the note and no part of the note has its key or its title."}
+        for u in previous if u.id not in taken]
+    return [unit for _, _, unit in sorted(placed, key=lambda x: (x[0], x[1]))], retire
 
 
-def _unchanged_previous(unit: Any, draft: Draft) -> dict[str, Any] | None:
-    """The previous unit as it is (curator's corrections included) when its text is unchanged."""
+def _prev_excerpts(unit: Any, *, raw: bool = False) -> list[str]:
+    prov = unit.data.get("provenance")
+    ex = prov.get("supporting_excerpts") if isinstance(prov, dict) else None
+    values = [e for e in ex if isinstance(e, str)] if isinstance(ex, list) else []
+    return values if raw else [canonical(e) for e in values]
+
+
+def _overlap(a: str, b: str) -> bool:
+    return min(len(a), len(b)) >= 12 and (a in b or b in a)
+
+
+def _position(haystack: str, excerpts: Sequence[str]) -> int:
+    at = haystack.find(canonical(excerpts[0])) if excerpts else -1
+    return at if at >= 0 else len(haystack)
+
+
+def _prev_kind(unit: Any) -> str:
+    return str(unit.data.get("kind", ""))
+
+
+def _same_key(draft: Draft, unit: Any) -> bool:
+    kind = _prev_kind(unit)
+    return kind == draft.kind.value and draft.key != "" and \
+        _key(kind, unit.data.get(kind)) == draft.key
+
+
+def _same_first_excerpt(draft: Draft, unit: Any) -> bool:
+    prev = _prev_excerpts(unit)
+    return bool(prev) and bool(draft.excerpts) and prev[0] == canonical(draft.excerpts[0])
+
+
+def _same_title(draft: Draft, unit: Any) -> bool:
+    return _prev_kind(unit) == draft.kind.value and \
+        canonical(str(unit.data.get("title", ""))).casefold() == canonical(draft.title).casefold()
+
+
+def _most_similar(draft: Draft, units: list[Any]) -> str | None:
+    for same in (_same_key, _same_first_excerpt, _same_title):
+        for unit in units:
+            if same(draft, unit):
+                return unit.id
+    same_kind = [u for u in units if _prev_kind(u) == draft.kind.value]
+    return same_kind[0].id if same_kind else None
+
+
+def _kept(unit: Any) -> dict[str, Any]:
+    """A previous unit exactly as it is: its source text is still there."""
     data = unit.data
-    kind = data.get("kind")
-    prov = data.get("provenance")
-    if not isinstance(prov, dict) or not isinstance(kind, str) or kind not in data:
-        return None
-    excerpts = prov.get("supporting_excerpts")
-    if not isinstance(excerpts, list) or [canonical(str(e)) for e in excerpts] != [
-            canonical(e) for e in draft.excerpts]:
-        return None
+    kind = str(data.get("kind"))
     out: dict[str, Any] = {"id": unit.id}
     for key in ("title", "kind", "purposes", "applies_to", kind):
         if key in data:
             out[key] = data[key]
-    out["supporting_excerpts"] = excerpts
+    out["supporting_excerpts"] = _prev_excerpts(unit, raw=True)
     out["review_items"] = data.get("review_items") or []
     out["body"] = _strip_title(unit.body, str(data.get("title", "")))
     return out

@@ -1,0 +1,119 @@
+"""`prepare` on 1,000 unchanged sources: the no-op time and its peak memory.
+
+    python bench/prepare_noop.py              # table + bench/results/prepare_noop.json
+    python bench/prepare_noop.py --sources 5000 --json
+
+A workspace of N small Italian notes (demo sentences recombined, 1–3 sections each) is prepared
+once with the structural backend and committed; then prepare runs again with nothing changed,
+(a) as the CLI a curator types (`tht evidence prepare <root> --json`, process start included)
+and (b) as the library call ``evidence_pipeline.prepare.prepare`` in a fresh process, each with
+its peak RSS (and, with ``--tracemalloc``, the peak of Python allocations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git, italian_sentences, log, machine, measure, run_phase, table, tht, write_json
+
+HERE = Path(__file__).resolve()
+
+
+def phase(root: str, trace: bool) -> None:
+    from evidence_pipeline.prepare import prepare
+
+    result, m = measure(lambda: prepare(Path(root), backend="structural"), trace=trace)
+    print(json.dumps({**m, "status": result.status, "model_calls": result.model_calls,
+                      "sources": len(result.sources)}))
+
+
+def build(dest: Path, sources: int) -> float:
+    rng = random.Random(3)
+    sentences = italian_sentences()
+    src = dest / "evidence" / "source"
+    for i in range(sources):
+        folder = src / f"area-{i % 20:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [f"# Nota {i:04d}", ""]
+        for j in range(rng.randint(1, 3)):
+            lines += [f"## Sezione {i:04d}-{j}", "",
+                      " ".join(rng.sample(sentences, rng.randint(1, 4))), ""]
+        (folder / f"nota-{i:04d}.md").write_text("\n".join(lines), encoding="utf-8")
+    (dest / "thoth.yaml").write_text("workspace_id: noop\nlanguage: italian\nmodel:\n"
+                                     "  backend: structural\n", encoding="utf-8")
+    (dest / "evidence" / "README.md").write_text("bench/prepare_noop.py\n", encoding="utf-8")
+    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "sources")
+    t = time.perf_counter()
+    tht("evidence", "prepare", str(dest), "--backend", "structural")
+    first = time.perf_counter() - t
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "prepared")
+    return first
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--phase":
+        phase(sys.argv[2], "--trace" in sys.argv[3:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sources", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3, help="no-op runs (the best is kept)")
+    ap.add_argument("--tracemalloc", action="store_true")
+    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
+    args = ap.parse_args(argv)
+    info = machine()
+    work = Path(tempfile.mkdtemp(prefix="tht-noop-"))
+    try:
+        root = work / "ws"
+        log(f"[prepare_noop] building and preparing {args.sources} sources")
+        first = build(root, args.sources)
+        log(f"[prepare_noop] first prepare: {first:.1f}s")
+        cli = []
+        for _ in range(args.repeat):
+            doc, secs = tht("evidence", "prepare", str(root), "--backend", "structural")
+            assert doc["status"] == "unchanged" and doc["model_calls"] == 0, doc
+            cli.append(secs)
+        cli_rss = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+        lib = [run_phase(HERE, str(root), *(["--trace"] if args.tracemalloc else []))
+               for _ in range(args.repeat)]
+        assert all(r["status"] == "unchanged" for r in lib), lib
+        clean = git(root, "status", "--porcelain").strip() == ""
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    best = min(lib, key=lambda r: r["seconds"])
+    report = {"benchmark": "prepare no-op", "machine": info, "sources": args.sources,
+              "first_prepare_s": round(first, 2),
+              "cli_noop_s": {"best": round(min(cli), 3), "runs": [round(x, 3) for x in cli]},
+              "cli_peak_rss_mib": cli_rss,
+              "library_noop": best, "library_runs_s": [r["seconds"] for r in lib],
+              "tree_unchanged": clean}
+    path = write_json("prepare_noop.json", report)
+    if args.json:
+        print(json.dumps({"sources": args.sources, "cli_noop_s": report["cli_noop_s"]["best"],
+                          "library_noop_s": best["seconds"],
+                          "peak_rss_mib": best["peak_rss_mib"]}))
+    else:
+        rows = [["CLI `tht evidence prepare` (process start included)", min(cli), cli_rss],
+                ["library prepare() (fresh process)", best["seconds"], best["peak_rss_mib"]]]
+        print(table(["no-op prepare on unchanged sources", "seconds", "peak RSS MiB"], rows,
+                    f"{args.sources} unchanged sources (first prepare: {first:.1f}s); "
+                    f"work tree unchanged: {clean}"))
+        print(f"\nfull report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""The Dagster code location of thoth-evidence: the one ``dg.Definitions`` (``workspace.yaml``).
+
+Resources come from the environment: ``THT_WORKSPACE`` (the workspace root), and when set
+``THT_REGISTRY_URL``, ``THT_QDRANT_URL``, ``THT_QDRANT_API_KEY`` and ``THT_LLM_API_KEY`` (bound
+as ``dg.EnvVar``: their values never appear in config or in the UI). Everything else comes from
+the workspace's ``thoth.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from evidence_pipeline.orchestration import authoring, monitoring, publishing
+from evidence_pipeline.orchestration.jobs import (
+    evaluate_active_job,
+    prepare_job,
+    publish_job,
+    source_job,
+)
+from evidence_pipeline.orchestration.resources import (
+    EmbedderResource,
+    IndexResource,
+    ModelBackendResource,
+    WorkspaceResource,
+)
+from evidence_pipeline.orchestration.schedules import nightly_evaluation
+from evidence_pipeline.orchestration.sensors import (
+    activated_revision_sensor,
+    source_partitions_sensor,
+)
+
+
+def _env(name: str) -> dg.EnvVar | None:
+    """An optional setting: bound to the variable when the code location starts with it set."""
+    return dg.EnvVar(name) if os.environ.get(name) else None
+
+
+def resources() -> dict[str, dg.ConfigurableResource]:
+    """The resources of the code location, read from the environment."""
+    return {
+        "workspace": WorkspaceResource(root=dg.EnvVar("THT_WORKSPACE"),
+                                       registry_url=_env("THT_REGISTRY_URL")),
+        "index": IndexResource(url=_env("THT_QDRANT_URL"), api_key=_env("THT_QDRANT_API_KEY")),
+        "embedder": EmbedderResource(),
+        "model": ModelBackendResource(api_key=_env("THT_LLM_API_KEY")),
+    }
+
+
+defs = dg.Definitions(
+    assets=dg.load_assets_from_modules([authoring, publishing, monitoring]),
+    asset_checks=dg.load_asset_checks_from_modules([authoring, publishing, monitoring]),
+    jobs=[prepare_job, publish_job, source_job, evaluate_active_job],
+    schedules=[nightly_evaluation],
+    sensors=[source_partitions_sensor, activated_revision_sensor],
+    resources=resources(),
+)

@@ -1,0 +1,318 @@
+"""Authoring assets: per-source hashing, normalization, model step and checks, then the batch.
+
+Per-source stages are partitioned by source file. A prepare run is the graph asset
+``applied_batch``: one planning step hashes every source against the manifest and fans out one
+step per changed source only (an unchanged source produces no step and no model call); after
+``collect()`` one step takes every proposal in, checks the whole batch and applies it all or
+nothing — the functions ``tht evidence prepare`` runs, in the same order. The partitioned assets
+run the same functions for one source from the UI (a preview: nothing is written).
+"""
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from evidence_pipeline.apply import recover
+from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.manifest import empty_manifest, read_manifest
+from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
+from evidence_pipeline.orchestration.partitions import (
+    SOURCE_PARTITIONS,
+    check_source_key,
+    is_source_key,
+    mapping_key,
+    sync_source_partitions,
+)
+from evidence_pipeline.orchestration.progress import forward
+from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
+from evidence_pipeline.prepare import (
+    RESTRUCTURED,
+    PrepareResult,
+    SourceProposal,
+    SourceReport,
+    apply_plan,
+    call_model,
+    check_proposal,
+    model_request,
+    plan_prepare,
+    recovered_result,
+)
+from evidence_pipeline.sources import Change, SourceChange, SourceError, compare, intake
+from evidence_pipeline.validate import Severity, ValidationReport, validate_evidence_dir
+from evidence_runtime.errors import EvidenceError
+from evidence_runtime.workspace import Workspace
+
+GROUP = "authoring"
+LOCAL = ".tht"  # prepare's lock and staging live in the workspace, as the CLI keeps them
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def source_change(ws: Workspace, path: str) -> SourceChange:
+    """One source's change against the manifest (renames need every source, so all are read)."""
+    manifest = read_manifest(ws.evidence_dir) or empty_manifest()
+    sources, errors = intake(ws.evidence_dir)
+    for error in errors:
+        if error.path == path:
+            raise error
+    for change in compare(sources, manifest):
+        if change.path == path:
+            return change
+    raise SourceError("no such source file", path=path, code="source_missing")
+
+
+def _plan_for(ws: Workspace, path: str) -> tuple[Any, SourceChange]:
+    with workspace_lock(ws.root / LOCAL, what="a source preview"):
+        plan = plan_prepare(ws)
+    for change in plan.changes:
+        if change.path == path:
+            return plan, change
+    raise SourceError("no such source file", path=path, code="source_missing")
+
+
+def _proposal_metadata(proposal: SourceProposal) -> dict[str, Any]:
+    out: dict[str, Any] = {"model_seconds": dg.MetadataValue.float(round(proposal.seconds, 3))}
+    if proposal.reply is not None:
+        out["proposed_units"] = dg.MetadataValue.int(len(proposal.reply.units))
+        out["retirement_candidates"] = dg.MetadataValue.int(
+            len(proposal.reply.retirement_candidates))
+        out["titles"] = ", ".join(str(u.data.get("title", "?")) for u in proposal.reply.units)
+    if proposal.failure is not None:
+        out["model_error"] = f"{proposal.failure.code}: {proposal.failure.message}"
+    return out
+
+
+# --- per source (partitioned) ---------------------------------------------------------------
+
+
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, output_required=False,
+          kinds={"markdown"})
+def source_file(context: dg.AssetExecutionContext,
+                workspace: WorkspaceResource) -> Iterator[dg.Output[SourceChange]]:
+    """A source note taken in and hashed; only a changed or new source materializes."""
+    ws = workspace.load()
+    change = source_change(ws, check_source_key(context.partition_key))
+    if change.change not in RESTRUCTURED:
+        # no output: nothing downstream runs, so no model call for an unchanged source
+        context.log.info(f"{change.path}: {change.change.value}, nothing to restructure")
+        return
+    src = change.source
+    assert src is not None
+    yield dg.Output(change, data_version=dg.DataVersion(src.sha256.removeprefix("sha256:")),
+                    metadata={"sha256": src.sha256, "change": change.change.value,
+                              "characters": dg.MetadataValue.int(len(src.text))})
+
+
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"})
+def normalized_source(source_file: SourceChange) -> dg.Output[SourceChange]:
+    """The source's mechanical normalization (§5.2), as intake computed it."""
+    src = source_file.source
+    assert src is not None
+    return dg.Output(source_file, data_version=dg.DataVersion(_digest(src.normalized)),
+                     metadata={"lines": dg.MetadataValue.int(src.normalized.count("\n")),
+                               "characters": dg.MetadataValue.int(len(src.normalized)),
+                               "normalization_changed_text": src.normalized != src.text})
+
+
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"llm"})
+def restructured_units(normalized_source: SourceChange, workspace: WorkspaceResource,
+                       model: ModelBackendResource) -> dg.Output[SourceProposal]:
+    """The one model call for a changed source: its proposed units (not yet written)."""
+    ws = workspace.load()
+    plan, change = _plan_for(ws, normalized_source.path)
+    if change.source != normalized_source.source:
+        raise SourceError("the source changed since it was hashed; materialize it again",
+                          path=change.path, code="source_changed")
+    proposal = call_model(model.make(ws), model_request(plan, change))
+    del plan
+    return dg.Output(proposal, metadata=_proposal_metadata(proposal))
+
+
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP)
+def validated_units(restructured_units: SourceProposal,
+                    workspace: WorkspaceResource) -> dg.Output[SourceReport]:
+    """The proposal checked on its own (schema, ids, excerpts, SQL, credentials)."""
+    ws = workspace.load()
+    plan, change = _plan_for(ws, restructured_units.path)
+    report, problems, review_items = check_proposal(plan, change, restructured_units)
+    errors = [p for p in problems if p.severity is Severity.error]
+    if errors:
+        raise dg.Failure(description=f"{len(errors)} problem(s) in {change.path}; "
+                                     f"first: {errors[0].line()}",
+                         metadata={"problems": dg.MetadataValue.md(problems_table(errors))})
+    return dg.Output(report, metadata={"units": dg.MetadataValue.int(len(report.units)),
+                                       "unit_ids": ", ".join(report.units),
+                                       "review_items": dg.MetadataValue.int(review_items)})
+
+
+# --- the batch: every changed source, then one all-or-nothing apply ----------------------------
+
+
+class PrepareConfig(dg.Config):
+    """Options of a prepare run (``tht evidence prepare``)."""
+
+    upgrade: bool = Field(default=False, description="Reprocess every source (new pipeline "
+                                                     "version); needs a clean repository.")
+    backend: str | None = Field(default=None, description="pi | openai | structural "
+                                                          "(default: the model resource).")
+
+
+@dataclass(frozen=True)
+class SourceStep:
+    """One changed source handed to its model step."""
+
+    change: SourceChange
+    request: Any  # ModelRequest
+    backend: str | None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the planning step hands to the apply step (``fingerprint`` None: recovered only)."""
+
+    fingerprint: tuple[Any, ...] | None
+    recovered: list[str]
+    upgrade: bool
+
+
+@dg.op(ins={"after": dg.In(dg.Nothing)},
+       out={"steps": dg.DynamicOut(SourceStep), "plan": dg.Out(BatchPlan)})
+def plan_sources(context: dg.OpExecutionContext, config: PrepareConfig,
+                 workspace: WorkspaceResource) -> Iterator[dg.Output | dg.DynamicOutput]:
+    """Hash every source against the manifest; one step per changed source, none otherwise."""
+    ws = workspace.load()
+    sync_source_partitions(context.instance, ws.evidence_dir)
+    local = ws.root / LOCAL
+    with workspace_lock(local, what="prepare"):
+        recovered = recover(ws.root, local)
+        if any(line.startswith("completed") for line in recovered):
+            yield dg.Output(BatchPlan(None, recovered, config.upgrade), output_name="plan")
+            return
+        plan = plan_prepare(ws, upgrade=config.upgrade)
+        steps = [SourceStep(c, model_request(plan, c), config.backend)
+                 for c in plan.to_restructure()]
+    for step in steps:
+        yield dg.DynamicOutput(step, mapping_key=mapping_key(step.change.path),
+                               output_name="steps")
+    counts: dict[str, int] = {}
+    for change in plan.changes:
+        counts[change.change.value] = counts.get(change.change.value, 0) + 1
+    yield dg.Output(BatchPlan(plan.fingerprint(), recovered, config.upgrade), output_name="plan",
+                    metadata={k: dg.MetadataValue.int(v) for k, v in sorted(counts.items())})
+
+
+@dg.op
+def restructure_source(context: dg.OpExecutionContext, step: SourceStep,
+                       workspace: WorkspaceResource,
+                       model: ModelBackendResource) -> SourceProposal:
+    """The model step of one changed source (a failure is kept as that source's problem)."""
+    ws = workspace.load()
+    proposal = call_model(model.make(ws, backend=step.backend), step.request)
+    key = step.change.path
+    src = step.change.source
+    assert src is not None
+    if is_source_key(key):
+        context.log_event(dg.AssetMaterialization(
+            "source_file", partition=key,
+            metadata={"sha256": src.sha256, "change": step.change.change.value}))
+        context.log_event(dg.AssetMaterialization(
+            "normalized_source", partition=key,
+            metadata={"characters": dg.MetadataValue.int(len(src.normalized))}))
+        context.log_event(dg.AssetMaterialization(
+            "restructured_units", partition=key, metadata=_proposal_metadata(proposal)))
+    else:
+        context.log.warning(f"{key!r} has no valid partition key; no per-source record")
+    return proposal
+
+
+@dg.op
+def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
+                  proposals: list[SourceProposal],
+                  workspace: WorkspaceResource) -> dg.Output[PrepareResult]:
+    """Take in every proposal in path order, check the whole batch, apply all or nothing."""
+    ws = workspace.load()
+    if plan.fingerprint is None:
+        return dg.Output(recovered_result(plan.recovered), metadata={"status": "recovered"})
+    by_path = {p.path: p for p in proposals}
+    local = ws.root / LOCAL
+
+    def progress(report: SourceReport) -> None:
+        renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
+        context.log.info(f"{report.change.value}: {report.path}{renamed}, "
+                         f"{len(report.units)} unit(s)")
+        forward(report)
+
+    with workspace_lock(local, what="prepare"):
+        recovered = [*plan.recovered, *recover(ws.root, local)]
+        current = plan_prepare(ws, upgrade=plan.upgrade)
+        if current.fingerprint() != plan.fingerprint:
+            raise EvidenceError("the sources or the manifest changed while prepare ran; "
+                                "nothing was written, run prepare again",
+                                path=str(ws.root), code="workspace_changed")
+        result = apply_plan(current, lambda change: by_path[change.path], progress=progress,
+                            recovered=recovered)
+    for report in result.sources:
+        if report.change in (Change.changed, Change.new) and is_source_key(report.path):
+            context.log_event(dg.AssetMaterialization(
+                "validated_units", partition=report.path,
+                metadata={"units": dg.MetadataValue.int(len(report.units)),
+                          "unit_ids": ", ".join(report.units)}))
+    return dg.Output(result, metadata={
+        "status": result.status,
+        "model_calls": dg.MetadataValue.int(result.model_calls),
+        "files_written": dg.MetadataValue.int(len(result.written)),
+        "files_deleted": dg.MetadataValue.int(len(result.deleted)),
+        "review_items": dg.MetadataValue.int(result.review_items),
+        "orphans": ", ".join(result.orphans) or "none",
+        "retirement_candidates": ", ".join(result.retirement_candidates) or "none",
+        "diff": dg.MetadataValue.md(f"```diff\n{result.diff[:20000]}\n```" if result.diff
+                                    else "no change"),
+    })
+
+
+@dg.graph_asset(group_name=GROUP, ins={"validated_units": dg.AssetIn(dagster_type=dg.Nothing)})
+def applied_batch(validated_units: Any) -> Any:
+    """Every changed source restructured, then curated files and manifest applied all or
+    nothing (``tht evidence prepare``)."""
+    steps, plan = plan_sources(after=validated_units)
+    return apply_sources(plan, steps.map(restructure_source).collect())
+
+
+# --- the work tree after the batch --------------------------------------------------------------
+
+
+@dg.asset(group_name=GROUP, deps=[applied_batch])
+def curated_corpus(workspace: WorkspaceResource) -> dg.Output[ValidationReport]:
+    """The curated units of the work tree validated (``tht evidence validate``)."""
+    ws = workspace.load()
+    report, loaded = validate_evidence_dir(ws.evidence_dir, patterns=ws.config.evidence.patterns,
+                                           shown_prefix=f"{ws.config.evidence.root}/")
+    return dg.Output(report, metadata=corpus_metadata(report, loaded))
+
+
+def validation_result(report: ValidationReport, *, review_blocks: bool) -> dg.AssetCheckResult:
+    """Passed only when publishable; review items are an error when they block publication."""
+    errors = [p for p in report.problems if p.severity is Severity.error]
+    severity = dg.AssetCheckSeverity.ERROR if errors or review_blocks \
+        else dg.AssetCheckSeverity.WARN
+    metadata: dict[str, Any] = {"status": report.status.value,
+                                "units": dg.MetadataValue.int(report.units),
+                                "errors": dg.MetadataValue.int(len(errors)),
+                                "review_items": dg.MetadataValue.int(
+                                    len(report.problems) - len(errors))}
+    if report.problems:
+        metadata["problems"] = dg.MetadataValue.md(problems_table(report.problems))
+    return dg.AssetCheckResult(passed=report.status.value == "publishable", severity=severity,
+                               metadata=metadata)
+
+
+@dg.asset_check(asset=curated_corpus)
+def curated_corpus_publishable(curated_corpus: ValidationReport) -> dg.AssetCheckResult:
+    """The work tree is publishable: no errors, no review items, no orphans."""
+    return validation_result(curated_corpus, review_blocks=False)

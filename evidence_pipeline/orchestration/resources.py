@@ -1,0 +1,113 @@
+"""Dagster resources: the workspace, the Evidence index, the dense embedder, the model backend.
+
+Each builds what the CLI builds from ``thoth.yaml``; a field left unset keeps the workspace's own
+setting. Secret values (registry URL with its password, API keys) are never written in config:
+bind them with ``dg.EnvVar``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from evidence_pipeline.backends.base import ModelBackend, make_backend
+from evidence_runtime.embeddings import Embedder, make_embedder
+from evidence_runtime.errors import ConfigError
+from evidence_runtime.index import EvidenceIndex, open_index
+from evidence_runtime.search import index_config
+from evidence_runtime.workspace import RegistrySection, Workspace, load_workspace
+
+
+class WorkspaceResource(dg.ConfigurableResource):
+    """The workspace repository (``thoth.yaml`` at its root) the pipeline reads and writes."""
+
+    root: str = Field(description="Workspace root: a Git repository with thoth.yaml.")
+    registry_url: str | None = Field(
+        default=None,
+        description="Registry database URL (holds a password: bind with EnvVar). Default: "
+                    "thoth.yaml registry.url, THT_REGISTRY_URL, else SQLite in the state dir.")
+
+    def load(self) -> Workspace:
+        """Read ``thoth.yaml``; a :class:`ConfigError` names the field at fault."""
+        ws = load_workspace(self.root)
+        if self.registry_url:
+            config = ws.config.model_copy(
+                update={"registry": RegistrySection(url=self.registry_url)})
+            ws = Workspace(root=ws.root, config=config)
+        return ws
+
+
+class IndexResource(dg.ConfigurableResource):
+    """Where the Evidence index lives: an embedded Qdrant Edge shard or a Qdrant server.
+
+    Unset fields keep ``thoth.yaml``'s ``index`` section; a ``url`` selects the server engine
+    (the scale-out path), a ``path`` an Edge shard directory.
+    """
+
+    url: str | None = Field(default=None, description="Qdrant server URL (THT_QDRANT_URL).")
+    api_key: str | None = Field(default=None,
+                                description="Qdrant API key (a secret: bind with EnvVar).")
+    path: str | None = Field(default=None, description="Qdrant Edge shard directory.")
+    collection: str | None = Field(default=None, description="Server collection name.")
+
+    def config(self, ws: Workspace) -> dict[str, Any]:
+        """The ``open_index`` configuration: the workspace's, with this resource's overrides."""
+        if self.url and self.path:
+            raise ConfigError("the index resource takes a url or a path, not both",
+                              field="index")
+        cfg = ws.config.index
+        if self.url:
+            out: dict[str, Any] = {"engine": "server", "url": self.url,
+                                   "collection": self.collection or ws.config.collection,
+                                   "api_key_env": cfg.api_key_env, "bm25": cfg.bm25}
+        elif self.path:
+            out = {"engine": "edge", "path": str(Path(self.path).expanduser())}
+        else:
+            out = index_config(ws)
+            if self.collection and out["engine"] == "server":
+                out["collection"] = self.collection
+        if self.api_key:
+            out["api_key"] = self.api_key
+        return out
+
+    def open(self, ws: Workspace, *, dense_dim: int | None = None,
+             create: bool = True) -> EvidenceIndex:
+        """Open (with ``create``, prepare) the index; close it promptly: an Edge shard is
+        held by one process at a time."""
+        return open_index(self.config(ws), language=ws.config.language, dense_dim=dense_dim,
+                          create=create)
+
+
+class EmbedderResource(dg.ConfigurableResource):
+    """The dense embedder of ``thoth.yaml`` (the runtime embeds questions with the same model,
+    so only the thread count can be changed here)."""
+
+    threads: int | None = Field(default=None, ge=1, le=64,
+                                description="Inference threads (default: thoth.yaml).")
+
+    def make(self, ws: Workspace) -> Embedder:
+        cfg = ws.config.embeddings
+        return make_embedder(cfg.model, max_chunk_chars=cfg.max_chunk_chars,
+                             threads=self.threads or cfg.threads)
+
+
+class ModelBackendResource(dg.ConfigurableResource):
+    """The model backend of prepare: ``thoth.yaml``'s ``model`` section unless overridden."""
+
+    backend: str | None = Field(default=None,
+                                description="pi | openai | structural (default: thoth.yaml).")
+    api_key: str | None = Field(
+        default=None, description="API key of the openai backend (a secret: bind with EnvVar; "
+                                  "default: the variable named by model.api_key_env).")
+
+    def make(self, ws: Workspace, *, backend: str | None = None) -> ModelBackend:
+        """Build the backend (``backend`` wins over this resource, which wins over thoth.yaml);
+        an unknown name or bad setting is a :class:`ConfigError`."""
+        name = backend or self.backend or ws.config.model.backend
+        model = make_backend(name, ws.config.model.settings())
+        if self.api_key and hasattr(model, "api_key"):
+            model.api_key = self.api_key
+        return model

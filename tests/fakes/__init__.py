@@ -1,0 +1,1 @@
+"""Deterministic fakes for the true external boundaries of the model step."""
