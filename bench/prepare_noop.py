@@ -7,7 +7,7 @@ A workspace of N small Italian notes (demo sentences recombined, 1–3 sections 
 once with the structural backend and committed; then prepare runs again with nothing changed,
 (a) as the CLI a curator types (`tht evidence prepare <root> --json`, process start included)
 and (b) as the library call ``evidence_pipeline.prepare.prepare`` in a fresh process, each with
-its peak RSS (and, with ``--tracemalloc``, the peak of Python allocations).
+its peak RSS; one more library run under tracemalloc gives the peak of Python allocations.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3, help="no-op runs (the best is kept)")
-    ap.add_argument("--tracemalloc", action="store_true")
+    ap.add_argument("--no-tracemalloc", action="store_true",
+                    help="skip the extra run under tracemalloc (Python allocation peak)")
     ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     info = machine()
@@ -87,8 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             assert doc["status"] == "unchanged" and doc["model_calls"] == 0, doc
             cli.append(secs)
         cli_rss = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-        lib = [run_phase(HERE, str(root), *(["--trace"] if args.tracemalloc else []))
-               for _ in range(args.repeat)]
+        lib = [run_phase(HERE, str(root)) for _ in range(args.repeat)]
+        # tracemalloc slows Python several times: its own run, only for the allocation peak
+        traced = None if args.no_tracemalloc else run_phase(HERE, str(root), "--trace")
         assert all(r["status"] == "unchanged" for r in lib), lib
         clean = git(root, "status", "--porcelain").strip() == ""
     finally:
@@ -99,18 +101,23 @@ def main(argv: Sequence[str] | None = None) -> int:
               "cli_noop_s": {"best": round(min(cli), 3), "runs": [round(x, 3) for x in cli]},
               "cli_peak_rss_mib": cli_rss,
               "library_noop": best, "library_runs_s": [r["seconds"] for r in lib],
+              "tracemalloc_peak_mib": traced and traced["tracemalloc_peak_mib"],
               "tree_unchanged": clean}
     path = write_json("prepare_noop.json", report)
     if args.json:
         print(json.dumps({"sources": args.sources, "cli_noop_s": report["cli_noop_s"]["best"],
                           "library_noop_s": best["seconds"],
-                          "peak_rss_mib": best["peak_rss_mib"]}))
+                          "peak_rss_mib": best["peak_rss_mib"],
+                          "tracemalloc_peak_mib": report["tracemalloc_peak_mib"]}))
     else:
         rows = [["CLI `tht evidence prepare` (process start included)", min(cli), cli_rss],
                 ["library prepare() (fresh process)", best["seconds"], best["peak_rss_mib"]]]
         print(table(["no-op prepare on unchanged sources", "seconds", "peak RSS MiB"], rows,
                     f"{args.sources} unchanged sources (first prepare: {first:.1f}s); "
                     f"work tree unchanged: {clean}"))
+        if traced:
+            print(f"Python allocation peak (tracemalloc, separate run): "
+                  f"{traced['tracemalloc_peak_mib']} MiB")
         print(f"\nfull report: {path}")
     return 0
 

@@ -107,14 +107,16 @@ def synthetic_workspace(dest: Path, units: int, *, per_note: int = 20, threads: 
         if doc.front.get("review_items"):
             doc.front["review_items"] = []  # the curator accepts the proposal as it is
             f.write_text(dump_curated(doc), encoding="utf-8")
-        ids.append((doc.data()["provenance"]["supporting_excerpts"][0], doc.evidence_id))
+        data = doc.data()
+        ids.append((" ".join(data["provenance"]["supporting_excerpts"]), doc.evidence_id,
+                    data["purposes"][0]))
     queries = ["queries:"]
     for k, n in enumerate((0, units // 2, units - 1)):
         code = f"SYN{n:05d}"
-        eid = next(e for text, e in ids if code in text)
+        eid, purpose = next((e, p) for text, e, p in ids if code in text)
         queries += [f"  - id: s{k}", f"    text: Cosa dice la regola con codice {code}?",
                     f"    profile: {('lexical', 'mixed', 'semantic')[k]}",
-                    "    purpose: sql_generation", f"    expected: [{eid}]"]
+                    f"    purpose: {purpose}", f"    expected: [{eid}]"]
     (dest / "evidence" / "evaluation.yaml").write_text("\n".join(queries) + "\n",
                                                        encoding="utf-8")
     git(dest, "add", "-A")

@@ -22,7 +22,7 @@ def slugify(title: str) -> str:
     while len(words) > 1 and words[0] in EvidenceKind.__members__:
         words = words[1:]
     if words and words[0] in EvidenceKind.__members__:
-        words = [*words, "unit"]
+        words = ["unit", *words]  # a title that is only a kind name: the kind must not lead
     slug = ""
     for w in words:
         candidate = f"{slug}-{w}" if slug else w

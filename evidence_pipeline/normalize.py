@@ -17,7 +17,7 @@ import unicodedata
 _SPACES = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000\t]")
 _MULTISPACE = re.compile(r"(?<=\S) {2,}")
 _ATX_NO_SPACE = re.compile(r"^(#{1,6})([^#\s])")
-_ATX_CLOSING = re.compile(r"\s+#+\s*$")
+_ATX_CLOSING = re.compile(r"(?:\s+#+)+\s*$")  # every trailing run, or a second pass finds one
 _BULLET = re.compile(r"^(\s*)(?:[*+•▪◦‣]|–|—)\s+")
 _ORDERED_PAREN = re.compile(r"^(\s*)(\d{1,3})\)\s+")
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([A-Za-z0-9_+-]*)\s*$")
@@ -69,7 +69,10 @@ def normalize_text(text: str) -> str:
         collapsed.append(line)
     while collapsed and not collapsed[-1]:
         collapsed.pop()
-    return "\n".join(collapsed) + "\n" if collapsed else ""
+    result = "\n".join(collapsed) + "\n" if collapsed else ""
+    # a BOM that surfaces at the start once leading blank lines are gone would be dropped by a
+    # second pass: drop it now, so that normalizing twice changes nothing
+    return normalize_text(result) if result.startswith("\ufeff") else result
 
 
 def _is_structural(line: str) -> bool:

@@ -745,7 +745,7 @@ GENERATED_FRONT_MATTER = {
     "deep-flow-huge": ("schema_version: 1\ntitle: " + "[" * 400_000 + "\n",
                        "yaml_forbidden_construct"),
     "huge-integer": ("schema_version: " + "9" * 50_000 + "\n", "front_matter_malformed"),
-    "many-nodes": ("schema_version: 1\ntitle: [" + ", ".join(["x"] * 120_000) + "]\n",
+    "many-nodes": ("schema_version: 1\ntitle: [" + ", ".join(["x"] * 100_001) + "]\n",
                    "yaml_forbidden_construct"),
 }
 

@@ -13,7 +13,6 @@ from evidence_pipeline.orchestration.authoring import (
     validated_units,
 )
 from evidence_pipeline.orchestration.monitoring import active_index_evaluation
-from evidence_pipeline.orchestration.partitions import SOURCE_PARTITIONS
 from evidence_pipeline.orchestration.publishing import (
     active_generation,
     candidate_generation,
@@ -40,7 +39,6 @@ source_job = dg.define_asset_job(
     "source_preview",
     selection=dg.AssetSelection.assets(source_file, normalized_source, restructured_units,
                                        validated_units),
-    partitions_def=SOURCE_PARTITIONS,
     description="One source previewed: hashed, normalized, restructured and checked "
                 "(nothing is written; an unchanged source stops at its hash).")
 

