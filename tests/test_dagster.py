@@ -77,7 +77,7 @@ NOTE_TEXT = ("# Codice ASL\n\nIl codice ASL identifica l'azienda sanitaria local
 EXCERPT = "Il codice ASL identifica l'azienda sanitaria locale di residenza del paziente."
 
 
-# --- the model boundary: a spy behind the model resource ----------------------------------------
+# --- the model boundary: a spy behind the model resource -----------------------------------------
 
 
 class SpyBackend:
@@ -148,6 +148,14 @@ def active_state(ws: Path) -> tuple[int | None, dict[int, GenerationStatus]]:
     return (active.number if active else None), statuses
 
 
+def dagster_home(tmp_path: Path) -> Path:
+    """A DAGSTER_HOME with this repository's dagster.yaml (SQLite, no telemetry)."""
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
 def commit_and_activate(ws: Path, message: str) -> None:
     git(ws, "add", "-A")
     git(ws, "commit", "-q", "--allow-empty", "-m", message)
@@ -158,7 +166,7 @@ def commit_and_activate(ws: Path, message: str) -> None:
 
 
 def test_definitions_validate_passes(tmp_path: Path) -> None:
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(tmp_path))}
     proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w",
                            "workspace.yaml"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180, check=False)
@@ -191,7 +199,7 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
         "nightly_evaluation", "0 3 * * *", "evaluate_active")
 
 
-# --- partition keys and the partition sensor ------------------------------------------------------
+# --- partition keys and the partition sensor -----------------------------------------------------
 
 
 @pytest.mark.parametrize("key", ["source/a.md", "source/10-domini/paziente.md", "source/x.sql.md",
@@ -279,7 +287,7 @@ def test_a_partition_key_outside_the_sources_is_refused(demo_ws: Path, spy: SpyB
     assert spy.calls == []
 
 
-# --- authoring: skipping, the batch and its one code path with prepare ----------------------------
+# --- authoring: skipping, the batch and its one code path with prepare ---------------------------
 
 
 def test_an_unchanged_source_produces_no_downstream_work_and_no_model_call(
@@ -340,7 +348,33 @@ def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
     assert check_results(batch) == {"curated_corpus_publishable": True}
 
 
-# --- publishing on the demo workspace -------------------------------------------------------------
+def _dirty_curated(ws: Path) -> list[str]:
+    unit = sorted((ws / "evidence" / "curated" / "glossary").glob("*.md"))[0]
+    unit.write_text(unit.read_text(encoding="utf-8") + "\nUna modifica non salvata.\n",
+                    encoding="utf-8")
+    return []
+
+
+def _no_model_endpoint(ws: Path) -> list[str]:
+    add_note(ws)
+    return ["--backend", "openai"]
+
+
+@pytest.mark.parametrize("spoil", [_dirty_curated, _no_model_endpoint])
+def test_cli_prepare_fails_the_same_way_with_dagster_home(
+        demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: Any) -> None:
+    for var in ("DAGSTER_HOME", "THT_LLM_BASE_URL", "THT_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    args = ["evidence", "prepare", str(demo_ws), *spoil(demo_ws)]
+    plain = CliRunner().invoke(main, args)
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
+    via = CliRunner().invoke(main, args)
+    assert via.exit_code == plain.exit_code == 2
+    assert via.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1]
+    assert plain.stderr.splitlines()[-1].startswith("error: ")
+
+
+# --- publishing on the demo workspace ------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -408,9 +442,7 @@ def test_a_failed_gate_leaves_activation_unexecuted_and_the_previous_generation_
     assert active_state(ws) == (1, {1: GenerationStatus.active, 2: GenerationStatus.failed})
 
     # the CLI with DAGSTER_HOME runs this same job and reports as it always did
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
     cli = CliRunner().invoke(main, ["workspace", "preprocess", "evidence", str(ws), "--json"])
     assert cli.exit_code == 1, cli.output
     document = json.loads(cli.stdout)
@@ -431,9 +463,7 @@ def test_the_cli_runs_the_same_jobs_when_dagster_home_is_set(
     plain = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
     assert plain.exit_code == 0, plain.output
 
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
     via = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
     assert via.exit_code == 0, via.output
     assert json.loads(via.stdout) == json.loads(plain.stdout)
@@ -451,7 +481,7 @@ def test_the_cli_runs_the_same_jobs_when_dagster_home_is_set(
     assert lines[-1].startswith("generation 2 active for revision ")
     assert active_state(ws)[0] == 2
 
-    with dg.DagsterInstance.from_config(str(home)) as instance:
+    with dg.DagsterInstance.from_config(os.environ["DAGSTER_HOME"]) as instance:
         runs = instance.get_runs()
         assert sorted(r.job_name for r in runs) == ["prepare", "publish"]
         assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
@@ -471,7 +501,7 @@ def test_the_nightly_evaluation_records_the_report_of_the_active_index(
     assert meta["report"].value["summary"]["gate_passed"] is True
     assert "| q31 |" in meta["evaluation"].value
 
-    schedule = defs.get_schedule_def("nightly_evaluation")
+    schedule = defs.resolve_schedule_def("nightly_evaluation")
     with dg.build_schedule_context() as context:
         (request,) = schedule.evaluate_tick(context).run_requests or []
     assert request.job_name in (None, "evaluate_active")
@@ -494,7 +524,7 @@ def test_the_revision_sensor_reacts_to_a_newly_activated_revision(published_copy
         assert request.tags["tht/revision"] == revision
 
 
-# --- asset checks called directly ------------------------------------------------------------------
+# --- asset checks called directly ----------------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -525,7 +555,7 @@ def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcess
     assert not warn.passed and warn.severity == dg.AssetCheckSeverity.WARN
 
 
-# --- production stack ---------------------------------------------------------------------------------
+# --- production stack ----------------------------------------------------------------------------
 
 
 def test_compose_file_wires_qdrant_postgres_and_dagster() -> None:
@@ -560,7 +590,7 @@ def test_the_ui_script_is_valid_bash() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-# --- the UI in a browser ---------------------------------------------------------------------------
+# --- the UI in a browser -------------------------------------------------------------------------
 
 GROUPS = {
     "authoring": ["source_file", "normalized_source", "restructured_units", "validated_units",
@@ -606,9 +636,7 @@ def test_the_asset_graph_renders_in_headless_chromium(demo_ws: Path, tmp_path: P
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    home = dagster_home(tmp_path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(demo_ws)}

@@ -31,6 +31,7 @@ from evidence_pipeline.orchestration.progress import forward
 from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
 from evidence_pipeline.prepare import (
     RESTRUCTURED,
+    PreparePlan,
     PrepareResult,
     SourceProposal,
     SourceReport,
@@ -67,7 +68,7 @@ def source_change(ws: Workspace, path: str) -> SourceChange:
     raise SourceError("no such source file", path=path, code="source_missing")
 
 
-def _plan_for(ws: Workspace, path: str) -> tuple[Any, SourceChange]:
+def _plan_for(ws: Workspace, path: str) -> tuple[PreparePlan, SourceChange]:
     with workspace_lock(ws.root / LOCAL, what="a source preview"):
         plan = plan_prepare(ws)
     for change in plan.changes:
@@ -88,7 +89,7 @@ def _proposal_metadata(proposal: SourceProposal) -> dict[str, Any]:
     return out
 
 
-# --- per source (partitioned) ---------------------------------------------------------------
+# --- per source (partitioned) --------------------------------------------------------------------
 
 
 @dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, output_required=False,
@@ -126,11 +127,10 @@ def restructured_units(normalized_source: SourceChange, workspace: WorkspaceReso
     """The one model call for a changed source: its proposed units (not yet written)."""
     ws = workspace.load()
     plan, change = _plan_for(ws, normalized_source.path)
-    if change.source != normalized_source.source:
-        raise SourceError("the source changed since it was hashed; materialize it again",
-                          path=change.path, code="source_changed")
+    if change.change not in RESTRUCTURED or change.source != normalized_source.source:
+        raise SourceError("the source or the manifest changed since the source was hashed; "
+                          "materialize it again", path=change.path, code="source_changed")
     proposal = call_model(model.make(ws), model_request(plan, change))
-    del plan
     return dg.Output(proposal, metadata=_proposal_metadata(proposal))
 
 
@@ -151,7 +151,7 @@ def validated_units(restructured_units: SourceProposal,
                                        "review_items": dg.MetadataValue.int(review_items)})
 
 
-# --- the batch: every changed source, then one all-or-nothing apply ----------------------------
+# --- the batch: every changed source, then one all-or-nothing apply ------------------------------
 
 
 class PrepareConfig(dg.Config):
@@ -284,7 +284,7 @@ def applied_batch(validated_units: Any) -> Any:
     return apply_sources(plan, steps.map(restructure_source).collect())
 
 
-# --- the work tree after the batch --------------------------------------------------------------
+# --- the work tree after the batch ---------------------------------------------------------------
 
 
 @dg.asset(group_name=GROUP, deps=[applied_batch])
