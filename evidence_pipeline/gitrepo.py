@@ -6,6 +6,7 @@ committed tree, never the work tree, so what is indexed is exactly what was revi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -285,3 +286,29 @@ def changed_files(
             *specs,
         )
     return sorted({p for p in out.split("\0") if p})
+
+
+def committed_bytes_with_sha256(root: Path, path: str, sha256: str, *,
+                                max_commits: int = 50) -> bytes | None:
+    """The bytes of ``path`` as committed in the most recent of the last ``max_commits``
+    commits touching it whose content hashes to ``sha256`` (``"sha256:<hex>"``), or None.
+
+    prepare uses it to hand the model the source text its previous units were made from.
+    """
+    want = sha256.removeprefix("sha256:")
+    spec = _clean_relpath(path)
+    try:
+        with open_repo(root) as repo:
+            if not repo.head.is_valid():
+                return None
+            for commit in repo.iter_commits(paths=spec, max_count=max_commits):
+                try:
+                    blob = commit.tree / spec
+                except KeyError:
+                    continue
+                data = blob.data_stream.read()
+                if hashlib.sha256(data).hexdigest() == want:
+                    return data
+    except (GitError, git.GitCommandError, ValueError):
+        return None
+    return None

@@ -25,7 +25,7 @@ from evidence_pipeline.backends.base import (
     make_backend,
 )
 from evidence_pipeline.fragments import ATOMIC_TOO_LARGE, atomic_problems
-from evidence_pipeline.gitrepo import require_clean
+from evidence_pipeline.gitrepo import committed_bytes_with_sha256, require_clean
 from evidence_pipeline.ids import assign_id
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.manifest import (
@@ -37,6 +37,7 @@ from evidence_pipeline.manifest import (
     empty_manifest,
     read_manifest,
 )
+from evidence_pipeline.normalize import normalize_text
 from evidence_pipeline.sources import Change, SourceChange, compare, intake
 from evidence_pipeline.validate import (
     LoadedUnit,
@@ -276,7 +277,24 @@ def model_request(plan: PreparePlan, change: SourceChange) -> ModelRequest:
     return ModelRequest(
         source_file=src.path, source_sha256=src.sha256, normalized_text=src.normalized,
         language=plan.ws.config.language_code, previous_units=previous,
-        max_chunk_chars=plan.ws.config.embeddings.max_chunk_chars)
+        max_chunk_chars=plan.ws.config.embeddings.max_chunk_chars,
+        previous_text=previous_source_text(plan, change) if previous else None)
+
+
+def previous_source_text(plan: PreparePlan, change: SourceChange) -> str | None:
+    """The normalized text the source had at the last prepare (found in Git by its recorded
+    hash), so the model can tell what changed; None when Git no longer has it."""
+    entry = plan.manifest.sources.get(change.path)
+    if entry is None:
+        return None
+    ev = plan.ws.config.evidence.root.strip("/")
+    raw = committed_bytes_with_sha256(plan.ws.root, f"{ev}/{change.path}", entry.sha256)
+    if raw is None:
+        return None
+    try:
+        return normalize_text(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
 
 
 def call_model(model: ModelBackend, request: ModelRequest) -> SourceProposal:

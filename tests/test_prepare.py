@@ -180,6 +180,11 @@ def test_changed_source_calls_the_model_once_with_previous_units(prepared) -> No
 
     def answer(req: ModelRequest) -> ModelReply:
         assert [u.id for u in req.previous_units] == ["evidence:ricovero"]
+        # the text the previous units were made from, found in Git by its recorded hash
+        assert req.previous_text is not None
+        assert "occupa un posto letto" in req.previous_text
+        assert "almeno una notte" not in req.previous_text
+        assert "almeno una notte" in req.normalized_text
         return reply(glossary(
             "Ricovero", "ricovero", "Periodo in cui il paziente occupa un posto letto.",
             "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto.",
