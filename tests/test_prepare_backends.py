@@ -1,0 +1,182 @@
+"""prepare through the real ``openai`` and ``pi`` backends (a local OpenAI-compatible server and
+a fake ``pi`` executable run by the real subprocess code): each scripted reply ends as spec §5.4
+and §13.1 say, and the work tree is untouched whenever the batch fails."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from evidence_pipeline.cli import main
+from evidence_pipeline.validate import validate_workspace
+from tests.fakes.openai_server import FakeOpenAIServer, Scripted
+from tests.test_prepare import PAZIENTE, commit, make_ws, status, tree_snapshot
+
+FAKE_PI = Path(__file__).parent / "fakes" / "fake_pi.py"
+EXCERPT = "Per fascia pediatrica si intendono i pazienti con età inferiore a 18 anni."
+
+
+def unit(**over: Any) -> dict[str, Any]:
+    base = {"title": "Fascia pediatrica", "kind": "glossary", "purposes": ["disambiguation"],
+            "applies_to": {"concepts": ["fascia pediatrica"], "tables": [], "columns": []},
+            "glossary": {"term": "fascia pediatrica",
+                         "definition": "Pazienti con età inferiore a 18 anni.", "synonyms": []},
+            "supporting_excerpts": [EXCERPT], "review_items": [],
+            "body": "Pazienti con età inferiore a 18 anni."}
+    base.update(over)
+    return base
+
+
+def reply(*units: dict[str, Any]) -> str:
+    return json.dumps({"units": list(units), "retirement_candidates": []}, ensure_ascii=False)
+
+
+REPLIES: dict[str, tuple[str, str]] = {
+    "malformed-json": ('{"units": [', "model_malformed_json"),
+    "unknown-id": (reply(unit(id="evidence:inventato")), "model_unknown_id"),
+    "excerpt-not-in-source": (reply(unit(supporting_excerpts=["Frase inventata dal modello."])),
+                              "excerpt_not_found"),
+    "two-sources": (reply(unit(source_file="source/altro.md")), "model_invalid_output"),
+    "select-in-formula": (reply(unit(kind="formula", glossary=None, formula={
+        "concept": "età", "columns": ["clinical.patient.birth_date"],
+        "sql": "SELECT age(birth_date) FROM clinical.patient"})), "formula_not_expression"),
+}
+
+
+def _without_none(u: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in u.items() if v is not None}
+
+
+def _workspace(tmp_path: Path, model_yaml: str) -> Path:
+    ws = make_ws(tmp_path, {"source/paziente.md": PAZIENTE})
+    (ws / "thoth.yaml").write_text(f"workspace_id: test\nlanguage: italian\n{model_yaml}",
+                                   encoding="utf-8")
+    commit(ws, "configure the model backend")
+    return ws
+
+
+def _prepare(ws: Path) -> Any:
+    return CliRunner().invoke(main, ["evidence", "prepare", str(ws), "--json"])
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer() as s:
+        yield s
+
+
+def _openai_ws(tmp_path: Path, server: FakeOpenAIServer, timeout_s: float = 5) -> Path:
+    return _workspace(tmp_path, f"model:\n  backend: openai\n  base_url: {server.url}\n"
+                                f"  model: local-test\n  timeout_s: {timeout_s}\n")
+
+
+def test_openai_valid_reply_is_applied(tmp_path: Path, server: FakeOpenAIServer) -> None:
+    ws = _openai_ws(tmp_path, server)
+    server.script.append(Scripted(content=reply(unit())))
+    result = _prepare(ws)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "applied" and doc["model_calls"] == 1
+    assert (ws / "evidence/curated/glossary/fascia-pediatrica.md").is_file()
+    assert validate_workspace(ws).status.value == "publishable"
+    assert len(server.received) == 1
+    body = server.received[0].body
+    assert body["temperature"] == 0 and body["response_format"]["type"] == "json_schema"
+    commit(ws, "prepared")
+    again = _prepare(ws)
+    assert json.loads(again.stdout)["model_calls"] == 0 and len(server.received) == 1
+
+
+@pytest.mark.parametrize("case", sorted(REPLIES))
+def test_openai_bad_reply_leaves_the_tree_untouched(tmp_path: Path, server: FakeOpenAIServer,
+                                                    case: str) -> None:
+    ws = _openai_ws(tmp_path, server)
+    raw, code = REPLIES[case]
+    if case == "select-in-formula":
+        raw = json.dumps({"units": [_without_none(u) for u in json.loads(raw)["units"]],
+                          "retirement_candidates": []})
+    server.script.append(Scripted(content=raw))
+    before = tree_snapshot(ws)
+    result = _prepare(ws)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "failed"
+    assert code in {p["code"] for p in doc["problems"]}, doc["problems"]
+    assert all(p["path"] for p in doc["problems"])
+    assert result.stderr.strip().splitlines()[-1].startswith("error: prepare refused")
+    assert tree_snapshot(ws) == before and status(ws) == ""
+    assert len(server.received) == 1  # no automatic retry
+
+
+@pytest.mark.parametrize(("scripted", "code"), [
+    (Scripted(content=reply(unit()), delay_s=30), "model_timeout"),
+    (Scripted(status=500, raw_body='{"error": {"message": "boom"}}'), "model_http_error"),
+])
+def test_openai_timeout_or_error_leaves_the_tree_untouched(
+        tmp_path: Path, server: FakeOpenAIServer, scripted: Scripted, code: str) -> None:
+    ws = _openai_ws(tmp_path, server, timeout_s=1)
+    server.script.append(scripted)
+    before = tree_snapshot(ws)
+    started = time.monotonic()
+    result = _prepare(ws)
+    assert time.monotonic() - started < 15
+    assert result.exit_code == 1
+    problems = json.loads(result.stdout)["problems"]
+    assert [p["code"] for p in problems] == [code]
+    assert problems[0]["path"] == "evidence/source/paziente.md"
+    assert tree_snapshot(ws) == before
+    assert len(server.received) == 1
+
+
+# --- pi ---------------------------------------------------------------------------------------
+
+
+def _pi_ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: dict[str, Any],
+           timeout_s: float = 20) -> tuple[Path, Path]:
+    command = tmp_path / "bin" / "pi"
+    command.parent.mkdir(exist_ok=True)
+    command.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_PI}" "$@"\n',
+                       encoding="utf-8")
+    command.chmod(command.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "script.json").write_text(json.dumps(script), encoding="utf-8")
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_PI_SCRIPT", str(tmp_path / "script.json"))
+    monkeypatch.setenv("FAKE_PI_RECORD", str(record))
+    ws = _workspace(tmp_path, f"model:\n  backend: pi\n  command: {command}\n  provider: local\n"
+                              f"  model: qwen\n  timeout_s: {timeout_s}\n")
+    return ws, record
+
+
+def test_pi_valid_reply_is_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, record = _pi_ws(tmp_path, monkeypatch, {"mode": "reply", "stdout": reply(unit())})
+    result = _prepare(ws)
+    assert result.exit_code == 0, result.output
+    assert (ws / "evidence/curated/glossary/fascia-pediatrica.md").is_file()
+    seen = json.loads(record.read_text(encoding="utf-8"))
+    assert "--no-tools" in seen["argv"] and "--no-session" in seen["argv"]
+    assert seen["listing"] == [".pi", ".pi/settings.json"]  # a clean working directory
+    assert str(ws) not in seen["cwd"]
+
+
+@pytest.mark.parametrize(("script", "code"), [
+    ({"mode": "reply", "stdout": "not json at all"}, "model_malformed_json"),
+    ({"mode": "reply", "stdout": reply(unit(id="evidence:inventato"))}, "model_unknown_id"),
+    ({"mode": "fail", "stderr": "provider refused", "exit": 3}, "model_process_failed"),
+    ({"mode": "hang"}, "model_timeout"),
+])
+def test_pi_failures_leave_the_tree_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              script: dict[str, Any], code: str) -> None:
+    ws, _ = _pi_ws(tmp_path, monkeypatch, script, timeout_s=2)
+    before = tree_snapshot(ws)
+    result = _prepare(ws)
+    assert result.exit_code == 1, result.output
+    assert [p["code"] for p in json.loads(result.stdout)["problems"]] == [code]
+    assert tree_snapshot(ws) == before and status(ws) == ""
