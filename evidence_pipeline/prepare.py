@@ -519,7 +519,7 @@ class _Planner:
             problems.extend(credential_problems(doc.data(), doc.body, path=shown,
                                                 evidence_id=eid))
             problems.extend(p for p in check_unit(unit, rel_path=new_rel, sources=self.sources,
-                                                  shown_path=shown)
+                                                  shown_path=shown, body=doc.body)
                             if p.severity is Severity.error)
             self.review_items += len(unit.review_items)
             self.outputs[new_rel] = doc

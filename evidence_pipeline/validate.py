@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -233,6 +234,15 @@ def check_example_sql(sql: str) -> tuple[str, str] | None:
     return None
 
 
+_BODY_BAD_SCHEME = re.compile(r"(?i)(?<![A-Za-z0-9+.-])(javascript|vbscript|data|file):")
+
+
+def body_url_problems(body: str) -> str | None:
+    """A link with a scheme that must never be followed (javascript:, data:, file:, …)."""
+    found = _BODY_BAD_SCHEME.search(body)
+    return f"the text links to a {found.group(1).lower()}: URL" if found else None
+
+
 def check_url(url: str) -> str | None:
     """Only absolute http(s) URLs with a host; None when fine, else why not."""
     if any(c.isspace() for c in url) or any(ord(c) < 32 for c in url):
@@ -308,7 +318,8 @@ def credential_problems(data: Any, body: str, *, path: str | None,
 
 
 def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
-               shown_path: str, skip_source: bool = False) -> list[Problem]:
+               shown_path: str, skip_source: bool = False,
+               body: str | None = None) -> list[Problem]:
     """Rules that need the unit and its source (schema already passed).
 
     ``skip_source`` for orphans and retirement candidates: their source is gone or no longer
@@ -367,6 +378,9 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
         if why:
             problem("url_invalid", why, "reference.url")
 
+    body_bad = body_url_problems(body) if body is not None else None
+    if body_bad:
+        problem("url_invalid", body_bad, "body")
     for item in unit.review_items:
         problem("review_item", f"{item.code}: {item.message}", item.field, Severity.review)
     return out
@@ -394,6 +408,9 @@ def corpus_files(evidence_dir: Path, patterns: Sequence[str]) -> list[str]:
     return sorted(found)
 
 
+_UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
                sources: SourceReader, skip_source: frozenset[str] = frozenset(),
                check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
@@ -403,6 +420,13 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
     for rel in rel_paths:
         shown = f"{shown_prefix}{rel}"
         file = evidence_dir / rel
+        bad = [ch for ch in rel if unicodedata.category(ch) in _UNSAFE_NAME_CATEGORIES]
+        if bad:
+            problems.append(Problem("unsafe_path", Severity.error, ascii(shown), None,
+                                    f"the file name contains a control character "
+                                    f"(U+{ord(bad[0]):04X})"))
+            loaded.append(LoadedUnit(rel, None, None))
+            continue
         if file.is_symlink():
             problems.append(Problem("unsafe_path", Severity.error, shown, None,
                                     "curated files must not be symlinks"))
@@ -426,6 +450,7 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
             continue
         if check:
             problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
+                                       body=doc.body,
                                        skip_source=unit.id in skip_source))
         loaded.append(LoadedUnit(rel, doc, unit))
     return loaded, problems

@@ -291,3 +291,22 @@ def test_credentials_detected(text: str) -> None:
 ])
 def test_credentials_no_false_alarm(text: str) -> None:
     assert find_credentials(text) == []
+
+
+def test_javascript_link_in_a_body_is_refused(demo_ws: Path) -> None:
+    f = curated_files(demo_ws, "glossary")[0]
+    with f.open("a", encoding="utf-8") as out:
+        out.write("\n[dettagli](javascript:alert(document.cookie))\n")
+    report = validate_workspace(demo_ws)
+    hits = [p for p in report.problems if p.code == "url_invalid"]
+    assert report.status.value == "invalid"
+    assert hits and hits[0].field == "body" and "javascript" in hits[0].message
+
+
+def test_curated_file_name_with_a_control_character_is_refused(demo_ws: Path) -> None:
+    f = curated_files(demo_ws, "glossary")[0]
+    f.rename(f.with_name("evil\x1b[31m.md"))
+    report = validate_workspace(demo_ws)
+    hits = [p for p in report.problems if p.code == "unsafe_path"]
+    assert report.status.value == "invalid"
+    assert hits and "\x1b" not in hits[0].path and "U+001B" in hits[0].message
