@@ -705,7 +705,9 @@ def tune(edge: Any, ws: Path, qs: list[Question], runs: dict[str, Run], *,
     return out
 
 
-def weighted_rrf(edge: Any, qs: list[Question]) -> dict[str, Any]:
+def weighted_rrf(edge: Any, qs: list[Question],
+                 weights: Sequence[tuple[float, float]] = ((1.0, 2.0), (2.0, 1.0), (1.0, 3.0)),
+                 ) -> dict[str, Any]:
     """Fused with RRF weights (dense, bm25) through qdrant_edge directly, same filters."""
     import qdrant_edge as qe
 
@@ -718,7 +720,7 @@ def weighted_rrf(edge: Any, qs: list[Question]) -> dict[str, Any]:
     shard = index._live()
     revision, gen = edge.registry.active_state(edge.workspace_id)
     out = {}
-    for w in ((1.0, 2.0), (2.0, 1.0), (1.0, 3.0)):
+    for w in weights:
         ranks = []
         for q in qs:
             text = render_query(q.text)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from evidence_pipeline.backends.base import (
     ModelBackendError,
     ModelReply,
@@ -23,7 +24,6 @@ from evidence_pipeline.backends.base import (
     ProposedUnit,
     RetirementProposal,
 )
-
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
 from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock

@@ -57,6 +57,7 @@ from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearchOutcome
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
+from tests.conftest import keep_vectors, seed_vectors, vector_store
 
 DIM = 384
 WID = "psd"
@@ -103,24 +104,6 @@ queries:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def vector_store(factory: pytest.TempPathFactory) -> Path:
-    """A vector cache shared by this session's published workspaces (content-keyed, so it only
-    saves time: a missing or cold cache gives the same results)."""
-    return factory.getbasetemp() / "shared-vector-cache"
-
-
-def seed_vectors(ws: Path, store: Path) -> None:
-    if (store / "vectors.sqlite3").is_file():
-        (ws / ".tht").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(store / "vectors.sqlite3", ws / ".tht" / "vectors.sqlite3")
-
-
-def keep_vectors(ws: Path, store: Path) -> None:
-    store.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ws / ".tht" / "vectors.sqlite3", store / "vectors.sqlite3.tmp")
-    (store / "vectors.sqlite3.tmp").replace(store / "vectors.sqlite3")
 
 
 def commit(ws: Path, message: str) -> str:

