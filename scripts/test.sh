@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 
+# The browser test of the Dagster UI needs Debian's Chromium; install it where we can.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing chromium for the UI test (apt-get)…"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+    >/dev/null 2>&1 || echo "chromium could not be installed; the browser test will be skipped"
+fi
+
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] \
     && [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
