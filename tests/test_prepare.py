@@ -470,3 +470,28 @@ def test_kill_during_apply_never_leaves_a_mixed_tree(tmp_path: Path, step: str) 
     assert not list((ws / ".tht" / "staging").glob("*"))
     expected_status = "applied" if step in BEFORE_COMMIT else "recovered"
     assert json.loads(again.stdout)["status"] == expected_status
+
+
+def test_demo_prepare_twice_second_run_makes_no_model_call(demo_ws: Path) -> None:
+    """On the demo workspace (structural backend, through the CLI): an edited note costs one
+    model call; after the curator commits, the next run makes none and git status stays clean."""
+    runner = CliRunner()
+    first = runner.invoke(main, ["evidence", "prepare", str(demo_ws), "--backend", "structural",
+                                 "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["model_calls"] == 0 and status(demo_ws) == ""
+    note = demo_ws / "evidence/source/10-domini-clinici/paziente.md"
+    note.write_text(note.read_text(encoding="utf-8") + "\n## Neonati\nPer neonato si intende il "
+                    "paziente con età inferiore a 28 giorni alla data del ricovero.\n",
+                    encoding="utf-8")
+    commit(demo_ws, "curator edit")
+    edited = json.loads(runner.invoke(main, ["evidence", "prepare", str(demo_ws), "--backend",
+                                             "structural", "--json"]).stdout)
+    assert edited["status"] == "applied" and edited["model_calls"] == 1
+    commit(demo_ws, "reviewed")
+    for _ in range(2):
+        again = runner.invoke(main, ["evidence", "prepare", str(demo_ws), "--backend",
+                                     "structural", "--json"])
+        assert again.exit_code == 0
+        assert json.loads(again.stdout)["model_calls"] == 0
+        assert status(demo_ws) == ""
