@@ -40,7 +40,7 @@ git -C "$SCRATCH" add -A && git -C "$SCRATCH" -c user.name=demo -c user.email=de
 "$THT" evidence prepare "$SCRATCH" --backend structural
 step "git status of the scratch copy after prepare (nothing committed by prepare)"
 git -C "$SCRATCH" status --short
-step "tht evidence validate $SCRATCH (review items from the structural backend block publication until a curator resolves them)"
+step "tht evidence validate $SCRATCH (any review item blocks publication until a curator resolves it)"
 "$THT" evidence validate "$SCRATCH" || true
 
 step "publishing the reviewed demo revision"

@@ -7,5 +7,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install --quiet -e '.[dev,postgres]' 2>&1 | grep -v "is ignored" || true
+LOG=$(mktemp)
+if ! .venv/bin/python -m pip install --quiet -e '.[dev,postgres]' >"$LOG" 2>&1; then
+  cat "$LOG" >&2
+  echo "setup failed: pip could not install thoth-evidence (log above)" >&2
+  rm -f "$LOG"
+  exit 1
+fi
+rm -f "$LOG"
 .venv/bin/python -c "import evidence_pipeline.cli, evidence_runtime" >/dev/null
