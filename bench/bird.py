@@ -481,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-tuning", action="store_true", help="skip the fusion variants")
     ap.add_argument("--tune-fragments", action="store_true",
                     help="also try other fragment texts (re-embeds 2,110 passages per variant)")
+    ap.add_argument("--out", default="bird.json", help="report file name under bench/results/")
     ap.add_argument("--reuse", action="store_true",
                     help="reuse a workspace published by an earlier run (development only)")
     args = ap.parse_args(argv)
@@ -636,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timings": timings,
         "peak_rss_mib": peak_rss_mib(),
     }
-    path = write_json("bird.json", report)
+    path = write_json(args.out, report)
     short = {"questions": len(qs), **{m: summary["overall"][m] for m in MODES}}
     if args.json:
         print(json.dumps(short))

@@ -120,14 +120,15 @@ def apply_batch(root: Path, local_dir: Path, batch: Batch, *, name: str) -> None
         _fsync_dir(files_dir if files_dir.exists() else batch_dir)
         _fsync_dir(batch_dir)
         _step("before_commit")
+        # the commit point: one atomic rename (its marker is the last write that can fail on a
+        # full disk: before the rename nothing is committed, so the batch is discarded)
+        marker_tmp = batch_dir / (COMMITTED + ".tmp")
+        _write_durable(marker_tmp, b"committed\n")
+        os.replace(marker_tmp, batch_dir / COMMITTED)
     except OSError as exc:
         shutil.rmtree(batch_dir, ignore_errors=True)
         raise ApplyError(f"cannot stage the batch ({exc.strerror}); nothing was changed",
                          path=str(batch_dir)) from None
-    # the commit point: one atomic rename
-    marker_tmp = batch_dir / (COMMITTED + ".tmp")
-    _write_durable(marker_tmp, b"committed\n")
-    os.replace(marker_tmp, batch_dir / COMMITTED)
     _fsync_dir(batch_dir)
     _step("after_commit")
     _apply_plan(root, batch_dir)

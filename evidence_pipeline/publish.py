@@ -5,11 +5,26 @@ revision from Git, validates the whole corpus again, cuts fragments, embeds them
 uploads a candidate generation beside the active one, verifies it, evaluates it, and only then
 switches the active pointer in one registry update. Any failure leaves the previous generation
 active and removes the candidate's points (best effort: without activation they are never read).
+
+Crashes (kill -9, power loss) and concurrent publishers: one publisher per workspace state at a
+time (``publish_lock``: an ``flock`` on ``<state>/publish.lock``, released by the kernel when its
+process dies, so a dead publisher never leaves a stale lock; the embedded shard's own lock works
+the same way). Holding it, ``build_candidate`` first recovers what a dead run left behind
+(``recover_interrupted``): a generation still ``candidate`` can only belong to a run that died,
+so it is marked ``failed``, and the points of every failed or no-longer-retained generation are
+deleted. A crash therefore never changes the active generation unless the activation itself
+committed, and the next run needs no manual cleanup. Under Dagster, whose steps run in separate
+processes, the lock is held per step: a second publisher started between the steps of a first
+one fails that one closed (its candidate is marked failed and can no longer be activated).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,13 +51,21 @@ from evidence_pipeline.validate import (
 )
 from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
 from evidence_runtime.embeddings import Embedder, make_embedder
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import EvidenceError, RegistryError
 from evidence_runtime.index import EvidenceIndex, IndexPoint, open_index
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, index_config
 from evidence_runtime.workspace import Workspace, load_workspace
 
 POINT_NAMESPACE = uuid.UUID("6f1c1a52-3d0e-5b8e-9a57-4d2b0e7c9a10")
+
+# Fault injection (tests only): THT_FAULT_PUBLISH_STEP=<step> kills this process with SIGKILL
+# when it reaches <step>, as an OOM kill or a power cut would. The steps, in order:
+# upload_batch (between two batches of the upload: half of the points are in the index),
+# after_upload, during_verification, after_evaluation (recorded, not yet active),
+# after_activation (before retention), during_retention (a generation marked as no longer
+# retained, its points not yet deleted).
+FAULT_ENV = "THT_FAULT_PUBLISH_STEP"
 
 
 class PublishError(EvidenceError):
@@ -98,9 +121,69 @@ def _named(problems: list[Problem], shown: int = 3) -> str:
     return "; ".join(parts) + more
 
 
+def _step(name: str) -> None:
+    if os.environ.get(FAULT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def open_registry(ws: Workspace) -> Registry:
-    ws.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        ws.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. a read-only or full disk: one clear line, not a traceback
+        raise RegistryError(f"cannot create the state directory: {exc.strerror}",
+                            path=str(ws.state_dir)) from None
     return Registry.open(ws.registry_url)
+
+
+class PublishBusyError(PublishError):
+    code = "publish_busy"
+
+
+_held_locks: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth) held by this process
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def publish_lock(ws: Workspace) -> Iterator[None]:
+    """Hold the workspace's publish lock, or refuse at once with :class:`PublishBusyError`.
+
+    An ``flock`` on ``<state>/publish.lock`` (released by the kernel when the process dies),
+    reentrant within a process so that ``preprocess`` can hold it around the stages that take
+    it too. It keeps two publishers from interleaving on any engine (the embedded shard is
+    exclusive anyway; a Qdrant server is not).
+    """
+    try:
+        ws.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PublishError(f"cannot create the state directory: {exc.strerror}",
+                           path=str(ws.state_dir)) from None
+    path = str(ws.state_dir / "publish.lock")
+    with _held_guard:
+        held = _held_locks.get(path)
+        if held is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                raise PublishBusyError(
+                    f"another publication is running on this workspace "
+                    f"({holder or 'another process'}); refused, try again when it has "
+                    "finished", path=str(ws.root)) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"preprocess evidence, pid {os.getpid()}".encode(), 0)
+            held = (fd, 0)
+        _held_locks[path] = (held[0], held[1] + 1)
+    try:
+        yield
+    finally:
+        with _held_guard:
+            fd, depth = _held_locks.pop(path)
+            if depth > 1:
+                _held_locks[path] = (fd, depth - 1)
+            else:
+                os.close(fd)  # closing the last descriptor releases the flock
 
 
 def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
@@ -165,7 +248,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     ws = load_workspace(root)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    with open_registry(ws) as registry:
+    with publish_lock(ws), open_registry(ws) as registry:
         revision = activated_revision(ws, registry)
         say(f"revision {revision[:12]}: materializing from Git")
         corpus = materialize_corpus(ws, revision)
@@ -244,7 +327,12 @@ def activated_revision(ws: Workspace, registry: Registry) -> str:
 
 def materialize_corpus(ws: Workspace, revision: str) -> PublishedCorpus:
     """Write the revision's tree under the state directory and validate its whole corpus."""
-    mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
+    try:
+        mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
+    except OSError as exc:  # e.g. a full disk; the partial copy was removed
+        raise PublishError(f"cannot materialize revision {revision[:12]}: "
+                           f"{exc.strerror or exc}", code="materialize_failed",
+                           path=str(ws.state_dir / "revisions")) from None
     evidence_dir = mat / ws.config.evidence.root
     report, loaded = validate_evidence_dir(evidence_dir, patterns=ws.config.evidence.patterns,
                                            shown_prefix=f"{ws.config.evidence.root}/")
@@ -312,13 +400,22 @@ def open_target_index(ws: Workspace, dense_dim: int,
 @contextlib.contextmanager
 def _compensating(registry: Registry, index: EvidenceIndex, wid: str,
                   generation: int) -> Iterator[None]:
-    """On any failure: mark the candidate failed, remove its points, re-raise as PublishError."""
+    """On any failure: mark the candidate failed, remove its points, re-raise as PublishError.
+
+    The points go only once the registry says ``failed``: when it cannot be written (or the
+    generation turned out active), they stay, unreadable without activation, for the next
+    run's :func:`recover_interrupted`; deleting the points of a generation the registry may
+    call active would lose it.
+    """
     try:
         yield
     except BaseException as exc:
+        marked = False
         with contextlib.suppress(EvidenceError):
             registry.update_generation(wid, generation, status=GenerationStatus.failed)
-        _discard(index, wid, generation)
+            marked = True
+        if marked:
+            _discard(index, wid, generation)
         if isinstance(exc, EvidenceError) and not isinstance(exc, PublishError):
             raise PublishError(f"generation {generation} failed: {exc}",
                                code=exc.code) from exc
@@ -330,11 +427,21 @@ def build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb
                     frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
                     say: Progress) -> Candidate:
     """Record a candidate generation, upload its points beside the active ones and verify them."""
+    with publish_lock(ws):
+        return _build_candidate(ws, registry, index, emb, revision, loaded, frags, vectors,
+                                computed=computed, say=say)
+
+
+def _build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+                     revision: str, loaded: list[LoadedUnit],
+                     frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
+                     say: Progress) -> Candidate:
     wid = ws.config.workspace_id
     try:
         index.ensure_schema(dense_dim=emb.dim)
     except EvidenceError as exc:  # nothing was changed; no generation was recorded
         raise PublishError(f"the index cannot hold Evidence: {exc}", code=exc.code) from exc
+    recover_interrupted(registry, index, wid, say=say)
     config = {"embedder": emb.model_id, "dim": emb.dim,
               "max_chunk_chars": ws.config.embeddings.max_chunk_chars,
               "rrf_k": ws.config.index.rrf_k, "prefetch_limit": ws.config.index.prefetch_limit,
@@ -348,9 +455,10 @@ def build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb
                              dense=vectors[i], text=fr.text,
                              payload=fragment_payload(ws, revision, gen.number, item, fr))
                   for i, (item, fr) in enumerate(frags) if item.unit is not None]
-        index.upsert(points)
+        _upload(index, points)
         timings["upload_s"] = time.perf_counter() - t
         say(f"uploaded {len(points)} point(s)")
+        _step("after_upload")
 
         t = time.perf_counter()
         counts = verify_generation(index, wid, gen.number, revision, points, loaded)
@@ -367,7 +475,7 @@ def evaluate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, 
     its points (the active generation is left alone)."""
     wid = ws.config.workspace_id
     number = candidate.generation
-    with _compensating(registry, index, wid, number):
+    with publish_lock(ws), _compensating(registry, index, wid, number):
         searcher = EvidenceSearcher.for_workspace(ws, index=index, registry=registry,
                                                   embedder=emb)
         kinds = {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
@@ -380,6 +488,7 @@ def evaluate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, 
         if not report.gate_passed:
             registry.update_generation(wid, number, status=GenerationStatus.failed)
             _discard(index, wid, number)
+    _step("after_evaluation")
     return report
 
 
@@ -405,14 +514,30 @@ def activate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex,
     if not report.gate_passed:
         raise gate_failure(report)
     wid = ws.config.workspace_id
-    with _compensating(registry, index, wid, candidate.generation):
-        registry.activate_generation(wid, candidate.generation)
-        say(f"generation {candidate.generation} is active")
+    with publish_lock(ws):
+        with _compensating(registry, index, wid, candidate.generation):
+            try:
+                registry.activate_generation(wid, candidate.generation)
+            except RegistryError:
+                # the write may have committed and only its answer been lost (a connection
+                # dropped after COMMIT): then the generation is active and must be kept
+                if not _is_active(registry, wid, candidate.generation):
+                    raise
+            say(f"generation {candidate.generation} is active")
+        _step("after_activation")
+        try:
+            return apply_retention(registry, index, wid, ws.config.publish.retention)
+        except EvidenceError as exc:  # the new generation is active; old points: next run
+            say(f"retention skipped: {exc}")
+            return []
+
+
+def _is_active(registry: Registry, wid: str, number: int) -> bool:
     try:
-        return apply_retention(registry, index, wid, ws.config.publish.retention)
-    except EvidenceError as exc:  # the new generation is active; old points wait for next run
-        say(f"retention skipped: {exc}")
-        return []
+        active = registry.active_generation(wid)
+    except EvidenceError:
+        return False
+    return active is not None and active.number == number
 
 
 class GateFailed(PublishError):
@@ -432,6 +557,7 @@ def verify_generation(index: EvidenceIndex, wid: str, generation: int, revision:
     if total != len(points):
         raise PublishError(f"verification failed: {total} points in generation {generation}, "
                            f"expected {len(points)}", code="verification_failed")
+    _step("during_verification")
     if index.scroll_ids(match) != expected_ids:
         raise PublishError("verification failed: point ids differ from the fragments built",
                            code="verification_failed")
@@ -456,6 +582,53 @@ def verify_generation(index: EvidenceIndex, wid: str, generation: int, revision:
     return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
 
 
+def _upload(index: EvidenceIndex, points: list[IndexPoint]) -> None:
+    """All the points in one call (the embedded engine flushes once per call, ~0.2 s each).
+
+    Under fault injection at ``upload_batch`` the first half goes in as a batch of its own and
+    the process dies before the second: a partial candidate, as a crash mid-upload leaves it.
+    """
+    if os.environ.get(FAULT_ENV) == "upload_batch" and len(points) > 1:
+        index.upsert(points[: len(points) // 2])
+        _step("upload_batch")
+    index.upsert(points)
+
+
+def recover_interrupted(registry: Registry, index: EvidenceIndex, wid: str, *,
+                        say: Progress) -> list[int]:
+    """Clean up after a publisher that died (kill -9, power loss); call with the publish lock.
+
+    A generation still ``candidate`` belongs to no running publisher (the lock says none is
+    running), so it is marked ``failed``; then the points of every failed generation and of
+    every generation retention no longer keeps are deleted, in one filtered delete, run only
+    when a count finds some (there are none unless a run died between its registry update and
+    its delete, or a best-effort removal failed). Returns the candidates marked failed.
+    """
+    recovered: list[int] = []
+    dead: list[int] = []
+    for g in registry.generations(wid):
+        if g.status is GenerationStatus.candidate:
+            registry.update_generation(wid, g.number, status=GenerationStatus.failed)
+            recovered.append(g.number)
+            dead.append(g.number)
+        elif g.status is GenerationStatus.failed or (
+                g.status is GenerationStatus.retired
+                and not g.counts.get("points_retained", True)):
+            dead.append(g.number)
+    match: dict[str, Any] = {"workspace_id": wid, "record_kind": RECORD_KIND,
+                             "vector_generation": sorted(dead)}
+    try:
+        if dead and index.count(match):  # a count is cheap; a delete flushes the shard
+            index.delete(match)
+    except EvidenceError as exc:
+        raise PublishError(f"cannot remove the points of interrupted or failed generations: "
+                           f"{exc}", code=exc.code) from exc
+    if recovered:
+        say(f"recovered: generation(s) {', '.join(map(str, recovered))} of an interrupted run "
+            "marked failed and their points removed")
+    return recovered
+
+
 def _discard(index: EvidenceIndex, wid: str, generation: int) -> None:
     """Best-effort removal of a candidate's points (unreadable anyway without activation)."""
     # compensation must never hide the original failure
@@ -473,8 +646,12 @@ def apply_retention(registry: Registry, index: EvidenceIndex, wid: str, keep: in
     for g in gens[keep:]:
         if g.status is GenerationStatus.active:
             continue
+        # the registry first: a crash in between leaves orphan points (removed by the next
+        # run's recover_interrupted), never a "retained" generation without its points, which
+        # a rollback would activate into empty answers
+        registry.update_generation(wid, g.number, counts={**g.counts, "points_retained": False})
+        _step("during_retention")
         index.delete({"workspace_id": wid, "vector_generation": g.number,
                       "record_kind": RECORD_KIND})
-        registry.update_generation(wid, g.number, counts={**g.counts, "points_retained": False})
         deleted.append(g.number)
     return deleted

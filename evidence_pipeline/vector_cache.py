@@ -157,7 +157,10 @@ class VectorCache:
                         rows,
                     )
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    # SQLite may already have rolled back (SQLITE_FULL does): a second ROLLBACK
+                    # would fail and hide the real error ("database or disk is full")
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
                     raise
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:

@@ -200,7 +200,14 @@ def _excerpt(text: str) -> str:
 class EvidenceSearcher:
     """A long-lived searcher: opens the index and the embedder once; safe to share between
     threads. Opening failures are retried on the next call (the searcher recovers when, e.g.,
-    a publisher releases the embedded shard)."""
+    a publisher releases the embedded shard).
+
+    On the embedded engine the open shard is held until :meth:`close` (or
+    ``evidence_runtime.reset()``): opening it costs ~0.1-0.2 s, too much per call. So, as
+    DESIGN.md "Embedded index concurrency" says, one process at a time: while a publisher holds
+    the shard, searches answer ``unavailable``/``index_locked`` and succeed again once it is
+    done; while a searcher holds it, publishing fails fast with ``index_locked``. Publishing
+    next to a live application needs a Qdrant server (the same code, ``engine: server``)."""
 
     def __init__(self, *, workspace_id: str, registry: Registry, embedder: Embedder,
                  index: EvidenceIndex | None = None, index_config: dict[str, Any] | None = None,
