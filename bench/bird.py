@@ -83,10 +83,10 @@ def clauses_of(evidence: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_bird() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    dev = json.loads((BIRD / "dev.json").read_text(encoding="utf-8"))
+def load_bird(bird: Path = BIRD) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    dev = json.loads((bird / "dev.json").read_text(encoding="utf-8"))
     tables: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for t in json.loads((BIRD / "dev_tables.json").read_text(encoding="utf-8")).values():
+    for t in json.loads((bird / "dev_tables.json").read_text(encoding="utf-8")).values():
         tables[t["db_id"]].append(t)
     return dev, tables
 
@@ -471,6 +471,7 @@ def fragment_token_stats(edge: Any, language: str) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
+    ap.add_argument("--bird-dir", type=Path, default=BIRD, help="dev.json and dev_tables.json")
     ap.add_argument("--workdir", type=Path, default=RESULTS / "bird-workspace")
     ap.add_argument("--threads", type=int, default=2,
                     help="embedding threads for publishing (thoth.yaml embeddings.threads)")
@@ -495,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # 1. sources and workspace
     t = time.perf_counter()
-    dev, tables = load_bird()
+    dev, tables = load_bird(args.bird_dir)
     notes = source_notes(dev, tables)
     ws = args.workdir.resolve()
     saved = ws / ".tht" / "bench-pipeline.json"
