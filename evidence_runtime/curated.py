@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from evidence_runtime.errors import UnitFormatError
-from evidence_runtime.units import UnitBase, parse_unit, unit_to_data
+from evidence_runtime.units import EvidenceKind, UnitBase, parse_unit, unit_to_data
 from evidence_runtime.yamlio import dump_rt, load_rt, to_plain, to_rt
 
 DELIMITER = "---"
@@ -121,10 +121,7 @@ def validation_messages(exc: ValidationError) -> list[tuple[str, str]]:
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"]]
         # the discriminated union adds the kind tag as the first element; drop it
-        if loc and loc[0] in {"glossary", "domain", "enum", "example", "mapping",
-                              "normalization", "formula", "reference"} and len(loc) > 1 \
-                and loc[1] in {"glossary", "domain", "enum", "example", "mapping",
-                               "normalization", "formula", "reference"} | set(_COMMON):
+        if len(loc) > 1 and loc[0] in _KINDS:
             loc = loc[1:]
         msg = err["msg"]
         if msg.startswith("Value error, "):
@@ -133,7 +130,4 @@ def validation_messages(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-_COMMON = (
-    "schema_version", "id", "title", "kind", "purposes", "applies_to", "language",
-    "provenance", "review_items",
-)
+_KINDS = frozenset(k.value for k in EvidenceKind)

@@ -444,15 +444,10 @@ UNIT_CLASSES: dict[EvidenceKind, type[UnitBase]] = {
     EvidenceKind.reference: ReferenceUnit,
 }
 
+# the kind block model of each unit class (its field named after the kind)
 BLOCK_CLASSES: dict[EvidenceKind, type[BaseModel]] = {
-    EvidenceKind.glossary: GlossaryBlock,
-    EvidenceKind.domain: DomainBlock,
-    EvidenceKind.enum: EnumBlock,
-    EvidenceKind.example: ExampleBlock,
-    EvidenceKind.mapping: MappingBlock,
-    EvidenceKind.normalization: NormalizationBlock,
-    EvidenceKind.formula: FormulaBlock,
-    EvidenceKind.reference: ReferenceBlock,
+    kind: cls.model_fields[kind.value].annotation  # type: ignore[misc]
+    for kind, cls in UNIT_CLASSES.items()
 }
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(EvidenceUnit)
