@@ -441,7 +441,8 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
         eid = doc.evidence_id
         if check:
             problems.extend(credential_problems(doc.data(), doc.body, path=shown,
-                                                evidence_id=eid, front_text=dump_rt(doc.front)))
+                                                evidence_id=eid,
+                                                front_text=doc.front_text or dump_rt(doc.front)))
         try:
             unit = doc.unit()
         except ValidationError as exc:

@@ -27,6 +27,7 @@ class CuratedDocument:
     front: Any
     body: str
     path: str | None = None
+    front_text: str | None = None  # the front matter as read (comments included), if read
 
     def data(self) -> dict[str, Any]:
         """The front matter as plain data."""
@@ -78,7 +79,7 @@ def parse_curated(text: str, *, path: str | None = None) -> CuratedDocument:
     if not isinstance(front, dict):
         raise UnitFormatError("front matter must be a YAML mapping", path=path,
                               code="front_matter_malformed")
-    return CuratedDocument(front=front, body=body, path=path)
+    return CuratedDocument(front=front, body=body, path=path, front_text=yaml_text)
 
 
 def read_curated(file: Path, *, display_path: str | None = None) -> CuratedDocument:
