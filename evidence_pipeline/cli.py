@@ -182,7 +182,7 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
         result = run_prepare(workspace_root, backend=backend, upgrade=upgrade, progress=progress)
     except PrepareError as exc:
         if as_json:
-            emit_json({"status": "failed", "model_calls": None,
+            emit_json({"status": "failed", "model_calls": exc.model_calls,
                        "problems": [p.to_json() for p in exc.problems]})
         else:
             print_problems(exc.problems)

@@ -73,9 +73,11 @@ class PrepareError(EvidenceError):
 
     code = "prepare_failed"
 
-    def __init__(self, message: str, problems: Sequence[Problem], **kw: Any) -> None:
+    def __init__(self, message: str, problems: Sequence[Problem], *,
+                 model_calls: int | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.problems = list(problems)
+        self.model_calls = model_calls  # calls made before the batch was refused, when known
 
 
 @dataclass
@@ -335,7 +337,7 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
     if errors:
         raise PrepareError(
             f"prepare refused: {len(errors)} problem(s); the work tree was not changed",
-            sort_problems(errors))
+            sort_problems(errors), model_calls=planner.model_calls)
     batch, diff = planner.batch()
     if plan.upgrade or not batch.is_empty():
         apply_batch(ws.root, ws.root / ".tht", batch, name=f"prepare-{time.time_ns()}")

@@ -6,6 +6,7 @@ a load/save round trip is byte-identical for files in the house style.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,20 @@ def document_from_unit(unit: UnitBase, body: str, *, path: str | None = None) ->
 
 
 def render_body(unit: UnitBase, text: str | None = None) -> str:
-    """Markdown body: a title heading and the restructured text (or the first excerpt)."""
+    """Markdown body: a title heading and the restructured text (or the first excerpt).
+
+    A text that already opens with a heading equal to the title (models often write one) does
+    not get it twice.
+    """
     content = (text if text is not None else unit.provenance.supporting_excerpts[0]).strip()
-    return f"\n# {unit.title}\n\n{content}\n"
+    first, _, rest = content.partition("\n")
+    heading = _HEADING.match(first)
+    if heading and heading.group(1).strip().casefold() == unit.title.strip().casefold():
+        content = rest.strip()
+    return f"\n# {unit.title}\n\n{content}\n" if content else f"\n# {unit.title}\n"
+
+
+_HEADING = re.compile(r"^#{1,6}[ \t]+(.*?)[ \t#]*$")
 
 
 def curated_relpath(unit: UnitBase) -> str:

@@ -28,6 +28,7 @@ from evidence_pipeline.backends.base import (
     make_backend,
     parse_reply,
     reply_json_schema,
+    schema_without_titles,
 )
 from evidence_pipeline.backends.openai import OpenAIBackend
 from evidence_pipeline.backends.pi import PiBackend, PiSettings
@@ -203,7 +204,18 @@ def test_reply_schema_has_one_variant_per_kind_built_from_the_unit_contract() ->
         assert "id" not in proposed["required"]
         assert proposed["properties"]["supporting_excerpts"]["maxItems"] == 5
         assert proposed["properties"]["supporting_excerpts"]["items"]["maxLength"] == 1000
-    assert defs["FormulaBlock"] == unit_json_schemas()["formula"]["$defs"]["FormulaBlock"]
+        # generation order for grammar-constrained models: id and kind first, the body last
+        names = list(proposed["properties"])
+        assert names[:2] == ["id", "kind"] and names[-1] == "body"
+        assert names.index(kind.value) < names.index("supporting_excerpts")
+        assert proposed["additionalProperties"] is False
+    assert defs["FormulaBlock"] == schema_without_titles(
+        unit_json_schemas()["formula"]["$defs"]["FormulaBlock"])
+    # no generated "title" annotations (small models copied them into units); the unit's own
+    # title property stays
+    assert '"title":"' not in json.dumps(schema, separators=(",", ":"))
+    assert defs["ProposedGlossaryUnit"]["properties"]["title"]["type"] == "string"
+    assert "title" in defs["ProposedGlossaryUnit"]["required"]
     assert schema["properties"]["retirement_candidates"]["items"]["$ref"]
 
 
@@ -214,12 +226,43 @@ def test_the_prompt_carries_rules_schemas_previous_units_and_the_text() -> None:
     assert "ambiguous_source_statement" in prompt
     assert ("formula, enum, mapping, normalization, glossary, domain, example, reference"
             in prompt)
-    assert json.dumps(unit_json_schemas(), ensure_ascii=False, separators=(",", ":")) in prompt
+    assert json.dumps(schema_without_titles(unit_json_schemas()), ensure_ascii=False,
+                      separators=(",", ":")) in prompt
     assert '"id":"evidence:fascia-pediatrica"' in prompt.replace(": ", ":")
-    assert "evidence:fascia-pediatrica" in prompt.split("Never write an id")[1][:200]
+    assert "allowed ids (rule 6): evidence:fascia-pediatrica\n" in prompt
+    assert "- path: `source/paziente.md`" in prompt
     assert req.normalized_text in prompt  # placeholders inside the source stay as they are
     assert "{{REPLY_SCHEMA}} resta testo." in prompt
     assert json.dumps(reply_json_schema(), ensure_ascii=False, separators=(",", ":")) in prompt
+    assert "What changed in the note" not in prompt  # no previous text known
+    assert "{{" not in prompt.replace("{{REPLY_SCHEMA}} resta", "")
+
+
+def test_the_prompt_of_every_source_starts_with_the_same_fixed_part() -> None:
+    # the rules and both schemas come before anything that depends on the source, so that an
+    # endpoint's prompt cache can serve them again for the next source of the batch
+    one = build_prompt(request())
+    other = build_prompt(request(EIGHT_KINDS, previous=(), source_file="source/altro.md"))
+    fixed = one[:one.index("# The note\n")]
+    assert other.startswith(fixed)
+    assert json.dumps(reply_json_schema(), ensure_ascii=False, separators=(",", ":")) in fixed
+    for per_source in ("source/paziente.md", "evidence:fascia-pediatrica", "Per fascia"):
+        assert per_source not in fixed
+
+
+def test_the_prompt_shows_what_changed_since_the_previous_units() -> None:
+    before = PAZIENTE
+    now = PAZIENTE + "\n## Neonati\n\nPer neonato si intende il paziente sotto i 28 giorni.\n"
+    prompt = build_prompt(request(now, previous_text=before))
+    section = prompt.split("## What changed in the note since the previous units were made")[1]
+    diff = section.split("```diff\n")[1].split("```")[0]
+    assert "--- previous\n+++ now\n" in diff
+    assert "+Per neonato si intende il paziente sotto i 28 giorni.\n" in diff
+    assert not [line for line in diff.splitlines() if line.startswith("-") and
+                not line.startswith("---")]  # nothing was removed
+    assert section.index("```diff") < section.index("## Source text")
+    # the same text as before: no section
+    assert "What changed" not in build_prompt(request(PAZIENTE, previous_text=PAZIENTE))
 
 
 # ---------------------------------------------------------------------------------------------

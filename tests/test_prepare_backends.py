@@ -5,9 +5,11 @@ and §13.1 say, and the work tree is untouched whenever the batch fails."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,19 @@ def test_openai_valid_reply_is_applied(tmp_path: Path, server: FakeOpenAIServer)
     assert json.loads(again.stdout)["model_calls"] == 0 and len(server.received) == 1
 
 
+def test_a_title_heading_the_model_wrote_into_the_body_is_not_doubled(
+        tmp_path: Path, server: FakeOpenAIServer) -> None:
+    # seen with a real 1.5B model: the body opened with the title heading despite the rule
+    ws = _openai_ws(tmp_path, server)
+    server.script.append(Scripted(content=reply(unit(
+        body="## Fascia pediatrica\n\nPazienti con età inferiore a 18 anni."))))
+    result = _prepare(ws)
+    assert result.exit_code == 0, result.output
+    text = (ws / "evidence/curated/glossary/fascia-pediatrica.md").read_text(encoding="utf-8")
+    assert text.endswith("---\n\n# Fascia pediatrica\n\nPazienti con età inferiore a 18 anni.\n")
+    assert text.count("# Fascia pediatrica") == 1
+
+
 @pytest.mark.parametrize("case", sorted(REPLIES))
 def test_openai_bad_reply_leaves_the_tree_untouched(tmp_path: Path, server: FakeOpenAIServer,
                                                     case: str) -> None:
@@ -108,7 +123,7 @@ def test_openai_bad_reply_leaves_the_tree_untouched(tmp_path: Path, server: Fake
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     doc = json.loads(result.stdout)
-    assert doc["status"] == "failed"
+    assert doc["status"] == "failed" and doc["model_calls"] == 1
     assert code in {p["code"] for p in doc["problems"]}, doc["problems"]
     assert all(p["path"] for p in doc["problems"])
     assert result.stderr.strip().splitlines()[-1].startswith("error: prepare refused")
@@ -180,3 +195,39 @@ def test_pi_failures_leave_the_tree_untouched(tmp_path: Path, monkeypatch: pytes
     assert result.exit_code == 1, result.output
     assert [p["code"] for p in json.loads(result.stdout)["problems"]] == [code]
     assert tree_snapshot(ws) == before and status(ws) == ""
+
+
+# --- a real model, when one is configured ------------------------------------------------------
+
+
+@pytest.mark.llm
+@pytest.mark.skipif(not os.environ.get("THT_LLM_BASE_URL"),
+                    reason="no model endpoint configured (THT_LLM_BASE_URL)")
+def test_prepare_with_a_real_model_applies_all_or_nothing_and_is_then_a_no_op(
+        tmp_path: Path) -> None:
+    """A real model's reply is not predictable; what must hold is: the batch is applied whole
+    (and then validates as publishable or blocked, never invalid) or refused with problems that
+    name the source and an untouched tree; and a second run makes no model call."""
+    timeout = os.environ.get("THT_LLM_TIMEOUT_S", "900")
+    ws = _workspace(tmp_path, f"model:\n  backend: openai\n  timeout_s: {timeout}\n")
+    before = tree_snapshot(ws)
+    result = _prepare(ws)
+    assert "Traceback" not in result.output
+    doc = json.loads(result.stdout)
+    assert doc["model_calls"] == 1
+    if doc["status"] == "failed":
+        assert result.exit_code == 1 and doc["problems"]
+        assert all(p["path"] == "evidence/source/paziente.md" for p in doc["problems"]), doc
+        assert tree_snapshot(ws) == before and status(ws) == ""
+        warnings.warn(f"the model's reply was refused (the tree is untouched): "
+                      f"{[p['code'] for p in doc['problems']]}", stacklevel=1)
+        return
+    assert result.exit_code == 0 and doc["status"] == "applied", result.output
+    report = validate_workspace(ws)
+    assert report.status.value in {"publishable", "blocked"}, report
+    units = list((ws / "evidence/curated").rglob("*.md"))
+    assert units and all("source_file: source/paziente.md" in u.read_text(encoding="utf-8")
+                         for u in units)
+    commit(ws, "prepared by a real model")
+    again = json.loads(_prepare(ws).stdout)
+    assert again["model_calls"] == 0 and status(ws) == ""

@@ -8,6 +8,7 @@ rules) are the validator's (§5.4). No backend retries.
 
 from __future__ import annotations
 
+import difflib
 import json
 import operator
 import re
@@ -140,7 +141,9 @@ class _ProposedBase(BaseModel):
         "exactly as received. Omit for a new unit.")
     source_file: str | None = Field(
         default=None, description="If given, must be the source file of the request.")
-    title: str = Field(min_length=1)
+    title: str = Field(
+        min_length=1, description="A short title naming what the unit is about, in the "
+        "language of the note (e.g. a term, a column, a rule).")
     purposes: list[EvidencePurpose] = Field(min_length=1)
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     supporting_excerpts: list[Excerpt] = Field(
@@ -161,14 +164,23 @@ class RetirementCandidate(BaseModel):
 
 @cache
 def _reply_model() -> type[BaseModel]:
+    # Field order is generation order for a grammar-constrained model (llama.cpp follows the
+    # schema's property order): decide the id and the kind, fill the kind's block, then quote
+    # the source, and write the free text last.
+    common = _ProposedBase.model_fields
+    head = ("id", "kind", "title", "purposes", "applies_to")
     variants = []
     for kind in EvidenceKind:
-        fields: dict[str, Any] = {
+        own: dict[str, Any] = {
             "kind": (Literal[kind.value], ...),  # type: ignore[valid-type]
             kind.value: (BLOCK_CLASSES[kind], ...),
         }
+        order = [*head, kind.value, *(name for name in common if name not in head)]
+        fields = {name: own[name] if name in own else (common[name].annotation, common[name])
+                  for name in order}
         variants.append(create_model(  # type: ignore[call-overload]
-            f"Proposed{kind.value.capitalize()}Unit", __base__=_ProposedBase, **fields))
+            f"Proposed{kind.value.capitalize()}Unit",
+            __config__=_ProposedBase.model_config, **fields))
     union = Annotated[reduce(operator.or_, variants), Field(discriminator="kind")]
     return create_model(  # type: ignore[call-overload]
         "EvidenceUnitsReply",
@@ -179,8 +191,32 @@ def _reply_model() -> type[BaseModel]:
 
 
 def reply_json_schema() -> dict[str, Any]:
-    """JSON schema of the reply the model must produce (built from the unit contract)."""
-    return _reply_model().model_json_schema()
+    """JSON schema of the reply the model must produce (built from the unit contract).
+
+    Without pydantic's generated ``title`` annotations: they say nothing a model needs, and
+    small models copy them ("ProposedEnumUnit") into the unit's own ``title``.
+    """
+    return schema_without_titles(_reply_model().model_json_schema())
+
+
+def schema_without_titles(schema: Any) -> Any:
+    """A JSON schema without its ``title`` annotations (properties named ``title`` stay)."""
+    if isinstance(schema, list):
+        return [schema_without_titles(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") \
+                and isinstance(value, dict):
+            out[key] = {name: schema_without_titles(sub) for name, sub in value.items()}
+        elif key in ("default", "const", "enum", "examples"):
+            out[key] = value  # values, not schemas
+        else:
+            out[key] = schema_without_titles(value)
+    return out
 
 
 _FENCED = re.compile(r"^```[A-Za-z]*\n(?P<body>.*)\n```$", re.DOTALL)
@@ -325,7 +361,13 @@ def system_prompt() -> str:
 
 
 def build_prompt(request: ModelRequest) -> str:
-    """The full user prompt for one source: rules, schemas, previous units, text, reply schema."""
+    """The full user prompt for one source.
+
+    The fixed part (rules, unit schemas, reply schema) comes first and is the same for every
+    source of a workspace, so that an endpoint's prompt cache (llama.cpp's slot cache, hosted
+    prefix caching) serves it again; the note, its path, its previous units and what changed
+    in it come last.
+    """
     previous = [
         {"id": u.id, "front_matter": u.data, "body": u.body} for u in request.previous_units
     ]
@@ -334,15 +376,35 @@ def build_prompt(request: ModelRequest) -> str:
         "LANGUAGE": request.language,
         "MAX_CHUNK_CHARS": str(request.max_chunk_chars),
         "KIND_ORDER": ", ".join(k.value for k in EvidenceKind),
-        "UNIT_SCHEMAS": _compact(unit_json_schemas()),
+        "UNIT_SCHEMAS": _compact(schema_without_titles(unit_json_schemas())),
         "ALLOWED_IDS": ", ".join(sorted(request.allowed_ids)) or "(none: every unit is new)",
         "PREVIOUS_UNITS": json.dumps(previous, ensure_ascii=False, indent=1),
         "SOURCE_TEXT": request.normalized_text,
         "REPLY_SCHEMA": _compact(reply_json_schema()),
+        "CHANGES": _changes_section(request),
     }
     # one pass, so that text from the source can never be taken for a placeholder
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)),
                             _prompt_template("restructure.md"))
+
+
+def _changes_section(request: ModelRequest) -> str:
+    """A unified diff from the text the previous units were made from to the note as it is now.
+
+    Empty when that text is unknown or unchanged: the model then compares the units with the
+    note by itself.
+    """
+    old = request.previous_text
+    if old is None or old == request.normalized_text:
+        return ""
+    diff = "".join(difflib.unified_diff(
+        old.splitlines(keepends=True), request.normalized_text.splitlines(keepends=True),
+        fromfile="previous", tofile="now", n=2))
+    if not diff.endswith("\n"):
+        diff += "\n"
+    return ("## What changed in the note since the previous units were made\n\n"
+            "Keep the previous units where the note did not change (rule 7).\n\n"
+            f"```diff\n{diff}```\n\n")
 
 
 def _compact(value: Any) -> str:
