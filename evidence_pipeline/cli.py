@@ -38,18 +38,36 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
 
 
 def user_errors(func: F) -> F:
-    """Turn expected errors into one clear stderr line and a non-zero exit."""
+    """Turn expected errors into one clear stderr line and a non-zero exit.
+
+    With ``--json`` the error is also the one JSON document on stdout:
+    ``{"status": "error", "problems": [{"code", "severity", "path", "evidence_id", "field",
+    "message"}]}``, so that a machine never has to parse stderr.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except EvidenceError as exc:
+            if kwargs.get("as_json"):
+                emit_json(error_document(exc.code, exc.message, path=exc.path,
+                                         evidence_id=exc.evidence_id, field=exc.field))
             fail(str(exc))
         except KeyboardInterrupt:
+            if kwargs.get("as_json"):
+                emit_json(error_document("interrupted", "interrupted"))
             fail("interrupted", 130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def error_document(code: str, message: str, *, path: str | None = None,
+                   evidence_id: str | None = None, field: str | None = None) -> dict[str, Any]:
+    """The ``--json`` document of a command that could not run."""
+    return {"status": "error", "problems": [{
+        "code": code, "severity": "error", "path": path, "evidence_id": evidence_id,
+        "field": field, "message": message}]}
 
 
 def print_problems(problems: list[Any]) -> None:
@@ -169,8 +187,10 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
             else ""
         c = colours[report.change.value]
         renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
+        kept = "".join(f"\n          [dim]{escape(eid)} kept by code: same {by}[/]"
+                       for eid, by in report.ids_kept_by_code.items())
         out.print(f"[{c}]{report.change.value:9}[/] {escape(report.path)}{renamed}  "
-                  f"{len(report.units)} unit(s){timing}")
+                  f"{len(report.units)} unit(s){timing}{kept}")
 
     try:
         # --- Dagster: with DAGSTER_HOME set, the same stages run as the job `prepare` -------

@@ -87,12 +87,15 @@ class SourceReport:
     units: list[str] = field(default_factory=list)
     model_seconds: float | None = None
     renamed_from: str | None = None
+    # previous ids that code gave back to new units the model did not link (id -> criterion)
+    ids_kept_by_code: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "change": self.change.value, "units": self.units,
                 "model_seconds": None if self.model_seconds is None
                 else round(self.model_seconds, 3),
-                "renamed_from": self.renamed_from}
+                "renamed_from": self.renamed_from,
+                "ids_kept_by_code": self.ids_kept_by_code}
 
 
 @dataclass
@@ -299,6 +302,49 @@ def previous_source_text(plan: PreparePlan, change: SourceChange) -> str | None:
         return None
 
 
+def relink_dropped_units(request: ModelRequest, reply: ModelReply) -> dict[int, tuple[str, str]]:
+    """New units (no id) that are unmistakably a previous unit the reply dropped.
+
+    Small models often rewrite a previous unit without returning its id; the unit would get a
+    new id and the old one would become a retirement candidate. A previous unit that the reply
+    neither kept nor proposed for retirement is given back its id when exactly one new unit has
+    its title, or else exactly its supporting excerpts (spacing and case aside) — and that new
+    unit matches no other dropped unit. Returns ``{unit index: (previous id, criterion)}``.
+    """
+    kept = {u.id for u in reply.units if u.id is not None}
+    retired = {c.id for c in reply.retirement_candidates}
+    dropped = {u.id: u.data for u in request.previous_units if u.id not in kept | retired}
+    new = {i: u.data for i, u in enumerate(reply.units) if u.id is None}
+    out: dict[int, tuple[str, str]] = {}
+
+    def squeeze(text: Any) -> str:
+        return " ".join(str(text).split()).casefold()
+
+    def title_key(data: dict[str, Any]) -> Any:
+        return squeeze(data.get("title") or "") or None
+
+    def excerpts_key(data: dict[str, Any]) -> Any:
+        quotes = data.get("supporting_excerpts")
+        if quotes is None:
+            quotes = (data.get("provenance") or {}).get("supporting_excerpts")
+        return frozenset(squeeze(q) for q in quotes or ()) or None
+
+    for criterion, key in (("title", title_key), ("supporting_excerpts", excerpts_key)):
+        prev_by: dict[Any, list[str]] = {}
+        for eid, data in dropped.items():
+            prev_by.setdefault(key(data), []).append(eid)
+        new_by: dict[Any, list[int]] = {}
+        for index, data in new.items():
+            new_by.setdefault(key(data), []).append(index)
+        for k, eids in prev_by.items():
+            if k is None or len(eids) != 1 or len(new_by.get(k, ())) != 1:
+                continue
+            index = new_by[k][0]
+            out[index] = (eids[0], criterion)
+            del dropped[eids[0]], new[index]
+    return out
+
+
 def call_model(model: ModelBackend, request: ModelRequest) -> SourceProposal:
     """One restructuring call, timed; a backend error becomes the source's failure, no retry."""
     started = time.perf_counter()
@@ -460,8 +506,9 @@ class _Planner:
                 problems.append(Problem("model_unknown_id", Severity.error, shown_src, cand.id,
                                         "a retirement candidate names an id that was not "
                                         "given for this source"))
+        relinked = relink_dropped_units(request, reply)
         for index, proposed in enumerate(reply.units):
-            eid = proposed.id
+            eid = proposed.id if index not in relinked else relinked[index][0]
             if eid is not None and eid not in request.allowed_ids:
                 problems.append(Problem("model_unknown_id", Severity.error, shown_src, eid,
                                         f"unit {index + 1}: the id was not given for this "
@@ -551,7 +598,8 @@ class _Planner:
                 self.manifest.retirement_candidates.append(eid)
             unit_ids.append(eid)
         self.manifest.sources[src.path] = SourceEntry(sha256=src.sha256, units=sorted(unit_ids))
-        self._report(SourceReport(src.path, change.change, sorted(unit_ids), elapsed))
+        self._report(SourceReport(src.path, change.change, sorted(unit_ids), elapsed,
+                                  ids_kept_by_code=dict(relinked.values())))
         return problems
 
     # --- whole batch ---------------------------------------------------------------------

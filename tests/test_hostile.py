@@ -352,11 +352,19 @@ def validate_refused(ws: Path, status: str = "invalid") -> list[dict[str, Any]]:
 
 
 def command_error(*args: str) -> str:
-    """A command refused with exit 2 and one clear line on stderr (a typed error)."""
+    """A command refused with exit 2 and one clear line on stderr (a typed error); with
+    ``--json`` the same error is the one JSON document on stdout."""
     r = tht(*args)
     assert r.exit_code == 2, r.output
-    assert r.stdout == ""
-    return error_line(r)
+    line = error_line(r)
+    if "--json" in args:
+        doc = json.loads(r.stdout)
+        assert doc["status"] == "error", doc
+        [p] = doc["problems"]
+        assert p["code"] and p["message"] and p["message"] in line, (p, line)
+    else:
+        assert r.stdout == ""
+    return line
 
 
 def problem(problems: list[dict[str, Any]], code: str | set[str], **where: Any,

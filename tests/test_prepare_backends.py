@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from evidence_pipeline.backends.base import (
+    ModelReply,
+    ModelRequest,
+    PreviousUnit,
+    ProposedUnit,
+    RetirementProposal,
+)
 from evidence_pipeline.cli import main
+from evidence_pipeline.prepare import relink_dropped_units
 from evidence_pipeline.validate import validate_workspace
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted
 from tests.test_prepare import PAZIENTE, commit, make_ws, status, tree_snapshot
@@ -107,6 +115,73 @@ def test_a_title_heading_the_model_wrote_into_the_body_is_not_doubled(
     text = (ws / "evidence/curated/glossary/fascia-pediatrica.md").read_text(encoding="utf-8")
     assert text.endswith("---\n\n# Fascia pediatrica\n\nPazienti con età inferiore a 18 anni.\n")
     assert text.count("# Fascia pediatrica") == 1
+
+
+@pytest.mark.parametrize(("second", "criterion"), [
+    # the unit rewritten under the same title, without its id (seen with a real 1.5B model)
+    (unit(body="Sono pediatrici i pazienti sotto i 18 anni."), "title"),
+    # renamed, but quoting exactly the same source text
+    (unit(title="Pazienti pediatrici"), "supporting_excerpts"),
+])
+def test_a_previous_unit_the_model_rewrote_without_its_id_keeps_its_id(
+        tmp_path: Path, server: FakeOpenAIServer, second: dict[str, Any], criterion: str) -> None:
+    ws = _openai_ws(tmp_path, server)
+    server.script.append(Scripted(content=reply(unit())))
+    assert _prepare(ws).exit_code == 0
+    commit(ws, "prepared")
+    note = ws / "evidence/source/paziente.md"
+    note.write_text(note.read_text(encoding="utf-8") + "\nNota aggiunta.\n", encoding="utf-8")
+    commit(ws, "note edited")
+    server.script.append(Scripted(content=reply(second)))
+    result = _prepare(ws)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    [source] = doc["sources"]
+    assert source["units"] == ["evidence:fascia-pediatrica"]
+    assert source["ids_kept_by_code"] == {"evidence:fascia-pediatrica": criterion}
+    assert doc["retirement_candidates"] == [] and doc["review_items"] == 0
+    assert sorted(p.name for p in (ws / "evidence/curated").rglob("*.md")) == [
+        "fascia-pediatrica.md"]
+    assert validate_workspace(ws).status.value == "publishable"
+
+
+def _relink(previous: list[dict[str, Any]], units: list[dict[str, Any]],
+            retire: tuple[str, ...] = ()) -> dict[int, tuple[str, str]]:
+    prev = tuple(PreviousUnit(id=f"evidence:{p['slug']}", body="", data={
+        "title": p["title"], "provenance": {"supporting_excerpts": p["excerpts"]}})
+        for p in previous)
+    req = ModelRequest(source_file="source/paziente.md", source_sha256="sha256:" + "0" * 64,
+                       normalized_text="", language="it", previous_units=prev)
+    rep = ModelReply(
+        units=tuple(ProposedUnit(id=u.get("id"), body="", data={
+            "title": u["title"], "supporting_excerpts": u["excerpts"]}) for u in units),
+        retirement_candidates=tuple(RetirementProposal(id=r, message="x") for r in retire))
+    return relink_dropped_units(req, rep)
+
+
+def test_relinking_is_refused_whenever_it_is_not_unmistakable() -> None:
+    a = {"slug": "a", "title": "Sesso", "excerpts": ["Il sesso è in sex_code."]}
+    b = {"slug": "b", "title": "Età", "excerpts": ["L'età si calcola."]}
+    # spacing and case do not matter
+    assert _relink([a], [{"title": " sesso ", "excerpts": ["altro"]}]) == {
+        0: ("evidence:a", "title")}
+    assert _relink([a], [{"title": "Genere", "excerpts": ["il  SESSO è in sex_code."]}]) == {
+        0: ("evidence:a", "supporting_excerpts")}
+    # two new units with that title: ambiguous
+    assert _relink([a], [{"title": "Sesso", "excerpts": ["x"]},
+                         {"title": "Sesso", "excerpts": ["y"]}]) == {}
+    # two previous units with the same excerpts: ambiguous
+    twin = dict(b, excerpts=a["excerpts"])
+    assert _relink([a, twin], [{"title": "Genere", "excerpts": a["excerpts"]}]) == {}
+    # the model proposed its retirement, or kept it under its id: its word stands
+    assert _relink([a], [{"title": "Sesso", "excerpts": ["x"]}], retire=("evidence:a",)) == {}
+    assert _relink([a], [{"id": "evidence:a", "title": "Sesso", "excerpts": ["x"]},
+                         {"title": "Sesso", "excerpts": ["y"]}]) == {}
+    # another set of excerpts (here one more) is not the same unit: a split keeps new ids
+    assert _relink([a], [{"title": "Genere", "excerpts": [*a["excerpts"], "altro"]}]) == {}
+    # each previous unit and each new unit is matched at most once
+    assert _relink([a, b], [{"title": "Sesso", "excerpts": b["excerpts"]}]) == {
+        0: ("evidence:a", "title")}
 
 
 @pytest.mark.parametrize("case", sorted(REPLIES))

@@ -196,6 +196,31 @@ def test_missing_workspace_is_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("command", [
+    ["evidence", "validate", "{ws}"],
+    ["evidence", "prepare", "{ws}"],
+    ["evidence", "resolve", "evidence:x", "--retire", "--workspace", "{ws}"],
+    ["evidence", "evaluate", "{ws}"],
+    ["evidence", "search", "{ws}", "domanda", "--purpose", "rewriting"],
+    ["evidence", "import-formulas", "{ws}", "legacy.yaml"],
+    ["evidence", "import-proposals", "{ws}", "proposte.json"],
+    ["workspace", "activate", "{ws}"],
+    ["workspace", "preprocess", "evidence", "{ws}"],
+], ids=lambda c: "-".join(c[:2]))
+def test_with_json_an_error_is_one_json_document_on_stdout(tmp_path: Path,
+                                                            command: list[str]) -> None:
+    args = [a.replace("{ws}", str(tmp_path / "nope")) for a in command] + ["--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "error"
+    [problem] = doc["problems"]
+    assert problem["code"] == "config_error" and problem["severity"] == "error"
+    assert "workspace root is not a directory" in problem["message"]
+    assert result.stderr.strip().startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 # --- round trip ----------------------------------------------------------------------------
 
 
