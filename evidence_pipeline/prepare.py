@@ -37,7 +37,7 @@ from evidence_pipeline.manifest import (
     empty_manifest,
     read_manifest,
 )
-from evidence_pipeline.normalize import normalize_text
+from evidence_pipeline.normalize import canonical, normalize_text
 from evidence_pipeline.sources import Change, SourceChange, compare, intake
 from evidence_pipeline.validate import (
     LoadedUnit,
@@ -308,8 +308,9 @@ def relink_dropped_units(request: ModelRequest, reply: ModelReply) -> dict[int, 
     Small models often rewrite a previous unit without returning its id; the unit would get a
     new id and the old one would become a retirement candidate. A previous unit that the reply
     neither kept nor proposed for retirement is given back its id when exactly one new unit has
-    its title, or else exactly its supporting excerpts (spacing and case aside) — and that new
-    unit matches no other dropped unit. Returns ``{unit index: (previous id, criterion)}``.
+    its title, or else exactly its supporting excerpts (in the validator's comparison form, case
+    aside) — and that new unit matches no other dropped unit. Returns ``{unit index: (previous
+    id, criterion)}``.
     """
     kept = {u.id for u in reply.units if u.id is not None}
     retired = {c.id for c in reply.retirement_candidates}
@@ -318,7 +319,7 @@ def relink_dropped_units(request: ModelRequest, reply: ModelReply) -> dict[int, 
     out: dict[int, tuple[str, str]] = {}
 
     def squeeze(text: Any) -> str:
-        return " ".join(str(text).split()).casefold()
+        return canonical(str(text)).casefold()  # the validator's comparison form
 
     def title_key(data: dict[str, Any]) -> Any:
         return squeeze(data.get("title") or "") or None
