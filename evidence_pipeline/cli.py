@@ -79,6 +79,17 @@ def print_problems(problems: list[Any]) -> None:
                      f"{escape(p.message)}")
 
 
+def refuse(message: str, problems: list[Any], document: dict[str, Any], *,
+           as_json: bool) -> None:
+    """A command refused with a list of problems: ``document`` plus ``problems`` as the JSON
+    document, or one line per problem; then the one error line and exit 1."""
+    if as_json:
+        emit_json({**document, "problems": [p.to_json() for p in problems]})
+    else:
+        print_problems(problems)
+    fail(message, EXIT_PROBLEMS)
+
+
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, ensure_ascii=False, indent=2, sort_keys=False))
 
@@ -201,12 +212,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
         # --- end Dagster ----------------------------------------------------------------------
         result = run_prepare(workspace_root, backend=backend, upgrade=upgrade, progress=progress)
     except PrepareError as exc:
-        if as_json:
-            emit_json({"status": "failed", "model_calls": exc.model_calls,
-                       "problems": [p.to_json() for p in exc.problems]})
-        else:
-            print_problems(exc.problems)
-        fail(str(exc), EXIT_PROBLEMS)
+        refuse(str(exc), exc.problems, {"status": "failed", "model_calls": exc.model_calls},
+               as_json=as_json)
         return
     if as_json:
         emit_json(result.to_json())
@@ -323,12 +330,8 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
         fail(str(exc), EXIT_PROBLEMS)
         return
     except PublishError as exc:
-        if as_json:
-            emit_json({"generation": None, "activated": False, "evaluation": None,
-                       "problems": [p.to_json() for p in exc.problems]})
-        else:
-            print_problems(exc.problems)
-        fail(str(exc), EXIT_PROBLEMS)
+        refuse(str(exc), exc.problems, {"generation": None, "activated": False,
+                                        "evaluation": None}, as_json=as_json)
         return
     if as_json:
         emit_json(result.to_json())

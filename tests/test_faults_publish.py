@@ -80,37 +80,17 @@ from tests.conftest import (
     seed_vectors,
     vector_store,
 )
+from tests.test_publish import QUESTION, SMALL_EVALUATION
 
 pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_PI = Path(__file__).parent / "fakes" / "fake_pi.py"
 WID = "psd"
-QUESTION = "Quanti pazienti minorenni sono stati ricoverati l'anno scorso?"
 EXPECTED = "evidence:quanti-ricoveri-pediatrici"  # in the top 5 of QUESTION on the demo
 FRAGMENTS = 80  # the demo: 80 units, one fragment each
 ENV_DROPPED = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL",
                "THT_WORKSPACE", "THT_FAULT_PUBLISH_STEP", "THT_FAULT_APPLY_STEP")
-
-SMALL_EVALUATION = """\
-queries:
-  - id: q01
-    text: Quanti pazienti minorenni sono stati ricoverati l'anno scorso?
-    profile: semantic
-    purpose: sql_generation
-    expected: [evidence:fascia-pediatrica, evidence:quanti-ricoveri-pediatrici]
-  - id: q02
-    text: "Cosa significa discharge_status = 'T'?"
-    profile: lexical
-    purpose: disambiguation
-    context: {columns: [clinical.episode.discharge_status]}
-    expected: [evidence:esito-dimissione, evidence:trasferimenti-interni]
-  - id: q05
-    text: In quale tabella trovo il DRG di un ricovero e il suo peso relativo?
-    profile: mixed
-    purpose: schema_linking
-    expected: [evidence:drg-episodio, evidence:ricovero-episodio-tabella]
-"""
 
 
 # --------------------------------------------------------------------------- the summary
