@@ -348,7 +348,7 @@ class _KeepOpen:
 def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, Any], float]:
     """Run the real ``preprocess`` into ``QdrantClient(":memory:")`` (bm25: client) with its own
     state directory (registry), seeded with the Edge run's vector cache: same vectors."""
-    from evidence_pipeline.publish import activate, preprocess
+    from evidence_pipeline.publishing.publish import activate, preprocess
     from evidence_runtime.index import open_index
     from evidence_runtime.registry import Registry
 
@@ -394,7 +394,7 @@ def variant_index(edge: Any, path: Path, *, language: str, avg_len: float | None
     computed with the given configuration."""
     import qdrant_edge as qe
 
-    from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
+    from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
     from evidence_runtime.index import EdgeIndex, IndexPoint
 
     shard = edge._live()

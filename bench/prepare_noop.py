@@ -6,8 +6,8 @@
 A workspace of N small Italian notes (demo sentences recombined, 1–3 sections each) is prepared
 once with the structural backend and committed; then prepare runs again with nothing changed,
 (a) as the CLI a curator types (`tht evidence prepare <root> --json`, process start included)
-and (b) as the library call ``evidence_pipeline.prepare.prepare`` in a fresh process, each with
-its peak RSS; one more library run under tracemalloc gives the peak of Python allocations.
+and (b) as the library call ``evidence_pipeline.authoring.prepare.prepare`` in a fresh process,
+each with its peak RSS; one more library run under tracemalloc gives the peak of Python allocations.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve()
 
 
 def phase(root: str, trace: bool) -> None:
-    from evidence_pipeline.prepare import prepare
+    from evidence_pipeline.authoring.prepare import prepare
 
     result, m = measure(lambda: prepare(Path(root), backend="structural"), trace=trace)
     print(json.dumps({**m, "status": result.status, "model_calls": result.model_calls,

@@ -4,7 +4,8 @@
     python bench/publish.py --units 500     # a smaller synthetic corpus
     python bench/publish.py --json          # only the summary JSON on stdout
 
-For each corpus, three publications of the real pipeline (``evidence_pipeline.publish.preprocess``
+For each corpus, three publications of the real pipeline
+(``evidence_pipeline.publishing.publish.preprocess``
 on an activated Git revision, Edge shard, evaluation gate included), each in a fresh process so
 that its peak RSS is its own:
 
@@ -52,7 +53,7 @@ HERE = Path(__file__).resolve()
 
 
 def phase(root: str, trace: bool) -> None:
-    from evidence_pipeline.publish import preprocess
+    from evidence_pipeline.publishing.publish import preprocess
 
     result, m = measure(lambda: preprocess(Path(root)), trace=trace)
     counts = result.counts

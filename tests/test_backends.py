@@ -19,21 +19,21 @@ from typing import Any
 
 import pytest
 
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.backends.base import (
     ModelBackendError,
     ModelReply,
     ModelRequest,
     PreviousUnit,
     build_prompt,
-    make_backend,
     parse_reply,
     reply_json_schema,
     schema_without_titles,
 )
-from evidence_pipeline.backends.openai import OpenAIBackend
-from evidence_pipeline.backends.pi import PiBackend, PiSettings
-from evidence_pipeline.backends.structural import StructuralBackend
-from evidence_pipeline.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.authoring.backends.factory import make_backend
+from evidence_pipeline.authoring.backends.openai import OpenAIBackend
+from evidence_pipeline.authoring.backends.pi import PiBackend, PiSettings
+from evidence_pipeline.authoring.backends.structural import StructuralBackend
+from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
 from evidence_runtime.errors import ConfigError
 from evidence_runtime.units import EvidenceKind, parse_unit, unit_json_schemas
 from tests.fakes.openai_server import FakeOpenAIServer

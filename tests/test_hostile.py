@@ -25,19 +25,24 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-import evidence_pipeline.prepare as prepare_module
-from evidence_pipeline.backends.base import (
+import evidence_pipeline.authoring.prepare as prepare_module
+from evidence_pipeline.authoring.backends.base import (
     ModelReply,
     ModelRequest,
     ProposedUnit,
     RetirementProposal,
     parse_reply,
 )
+from evidence_pipeline.authoring.prepare import prepare
+from evidence_pipeline.authoring.sources import (
+    MAX_LINE_CHARS,
+    MAX_SOURCE_BYTES,
+    SourceError,
+    intake,
+)
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
-from evidence_pipeline.prepare import prepare
-from evidence_pipeline.sources import MAX_LINE_CHARS, MAX_SOURCE_BYTES, SourceError, intake
-from evidence_pipeline.validate import validate_workspace
+from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import MAX_CURATED_BYTES, dump_curated, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import dump_rt, load_rt
@@ -869,7 +874,7 @@ def test_sql_hidden_in_html_never_becomes_a_formula(ws: Path, scenario, use_back
 @pytest.mark.parametrize("name", ["hidden-sql.md", "hidden-sql-code-block.md"])
 def test_structural_backend_keeps_hidden_sql_out_of_formulas(ws: Path, scenario,
                                                              name: str) -> None:
-    pytest.importorskip("evidence_pipeline.backends.structural")
+    pytest.importorskip("evidence_pipeline.authoring.backends.structural")
     shutil.copy(CORPUS / "sources" / name, ws / "evidence/source/reparto.md")
     commit(ws)
     with scenario("hidden SQL", writes_allowed=True):

@@ -17,20 +17,20 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.backends.base import (
     ModelBackendError,
     ModelReply,
     ModelRequest,
     ProposedUnit,
     RetirementProposal,
 )
+from evidence_pipeline.authoring.manifest import read_manifest
+from evidence_pipeline.authoring.prepare import PrepareError, prepare
+from evidence_pipeline.authoring.resolve import ResolveError, resolve
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
 from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
-from evidence_pipeline.manifest import read_manifest
-from evidence_pipeline.prepare import PrepareError, prepare
-from evidence_pipeline.resolve import ResolveError, resolve
-from evidence_pipeline.validate import validate_workspace
+from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
 
@@ -439,8 +439,8 @@ def _edit_demo(ws: Path) -> None:
 
 
 def _cli_prepare(ws: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "evidence_pipeline.cli", "evidence", "prepare",
-                           str(ws), "--backend", "structural", "--json"],
+    return subprocess.run([sys.executable, "-m", "evidence_pipeline.cli", "evidence",
+                           "prepare", str(ws), "--backend", "structural", "--json"],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
 
 

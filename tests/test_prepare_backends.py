@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.backends.base import (
     ModelReply,
     ModelRequest,
     PreviousUnit,
     ProposedUnit,
     RetirementProposal,
 )
+from evidence_pipeline.authoring.prepare import relink_dropped_units
 from evidence_pipeline.cli import main
-from evidence_pipeline.prepare import relink_dropped_units
-from evidence_pipeline.validate import validate_workspace
+from evidence_pipeline.validation.validator import validate_workspace
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted
 from tests.test_prepare import PAZIENTE, commit, make_ws, status, tree_snapshot
 

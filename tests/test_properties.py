@@ -12,8 +12,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from evidence_pipeline.ids import MAX_SLUG, assign_id, slugify
-from evidence_pipeline.normalize import canonical, excerpt_in_source, normalize_text
+from evidence_pipeline.authoring.ids import MAX_SLUG, assign_id, slugify
+from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source, normalize_text
 from evidence_runtime.query import EmptyQueryError, EvidenceSearchContext, render_query
 from evidence_runtime.units import ID_PREFIX, SLUG_RE, EvidenceKind, check_evidence_id
 

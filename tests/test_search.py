@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 import evidence_runtime
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
-from evidence_pipeline.publish import activate, preprocess
-from evidence_pipeline.validate import validate_evidence_dir
+from evidence_pipeline.publishing.publish import activate, preprocess
+from evidence_pipeline.validation.validator import validate_evidence_dir
 from evidence_runtime import (
     STAGE_PURPOSES,
     ConfigError,

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
-from evidence_pipeline.manifest import read_manifest
-from evidence_pipeline.validate import (
+from evidence_pipeline.validation.rules import (
     check_example_sql,
     check_formula_sql,
     check_url,
     find_credentials,
-    validate_workspace,
 )
+from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import dump_curated, read_curated
 from evidence_runtime.yamlio import dump_rt, load_rt
 from tests.conftest import curated_files

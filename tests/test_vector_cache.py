@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evidence_pipeline.vector_cache import (
+from evidence_pipeline.publishing.embedding_cache import (
     CacheStats,
     VectorCache,
     VectorCacheError,

@@ -16,20 +16,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.apply import recover
-from evidence_pipeline.lock import workspace_lock
-from evidence_pipeline.manifest import empty_manifest, read_manifest
-from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
-from evidence_pipeline.orchestration.partitions import (
-    SOURCE_PARTITIONS,
-    check_source_key,
-    is_source_key,
-    mapping_key,
-    sync_source_partitions,
-)
-from evidence_pipeline.orchestration.progress import forward
-from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
-from evidence_pipeline.prepare import (
+from evidence_pipeline.authoring.apply import recover
+from evidence_pipeline.authoring.manifest import empty_manifest, read_manifest
+from evidence_pipeline.authoring.prepare import (
     RESTRUCTURED,
     PreparePlan,
     PrepareResult,
@@ -42,8 +31,20 @@ from evidence_pipeline.prepare import (
     plan_prepare,
     recovered_result,
 )
-from evidence_pipeline.sources import Change, SourceChange, SourceError, compare, intake
-from evidence_pipeline.validate import Severity, ValidationReport, validate_evidence_dir
+from evidence_pipeline.authoring.sources import Change, SourceChange, SourceError, compare, intake
+from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
+from evidence_pipeline.orchestration.partitions import (
+    SOURCE_PARTITIONS,
+    check_source_key,
+    is_source_key,
+    mapping_key,
+    sync_source_partitions,
+)
+from evidence_pipeline.orchestration.progress import forward
+from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
+from evidence_pipeline.validation.problems import Severity, ValidationReport
+from evidence_pipeline.validation.validator import validate_evidence_dir
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.workspace import Workspace
 

@@ -8,14 +8,9 @@ from typing import Any
 
 import dagster as dg
 
-from evidence_pipeline.evaluate import EvaluationReport
-from evidence_pipeline.validate import (
-    LoadedUnit,
-    Problem,
-    Severity,
-    ValidationReport,
-    sort_problems,
-)
+from evidence_pipeline.publishing.evaluate import EvaluationReport
+from evidence_pipeline.validation.corpus import LoadedUnit
+from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
 
 MAX_ROWS = 100
 

@@ -10,14 +10,6 @@ from typing import Any
 
 import dagster as dg
 
-from evidence_pipeline.evalset import read_evaluation
-from evidence_pipeline.evaluate import (
-    EvaluationReport,
-    EvaluationUnavailable,
-    baseline_path,
-    compare_with_baseline,
-    evaluate,
-)
 from evidence_pipeline.orchestration.metadata import evaluation_metadata
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.publishing import active_generation
@@ -26,8 +18,17 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
-from evidence_pipeline.publish import open_registry
-from evidence_pipeline.validate import SourceReader, corpus_files, load_units
+from evidence_pipeline.publishing.evalset import read_evaluation
+from evidence_pipeline.publishing.evaluate import (
+    EvaluationReport,
+    EvaluationUnavailable,
+    baseline_path,
+    compare_with_baseline,
+    evaluate,
+)
+from evidence_pipeline.publishing.publish import open_registry
+from evidence_pipeline.validation.corpus import SourceReader, corpus_files
+from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.workspace import Workspace

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from evidence_pipeline.sources import ALLOWED_SUFFIXES, SourceError, check_rel_path, list_sources
+from evidence_pipeline.authoring.sources import (
+    ALLOWED_SUFFIXES,
+    SourceError,
+    check_rel_path,
+    list_sources,
+)
 from evidence_runtime.errors import EvidenceError
 
 SOURCE_PARTITIONS = dg.DynamicPartitionsDefinition(name="evidence_sources")

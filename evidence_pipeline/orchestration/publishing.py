@@ -13,9 +13,6 @@ from typing import Any
 
 import dagster as dg
 
-from evidence_pipeline.evalset import read_evaluation
-from evidence_pipeline.evaluate import EvaluationReport
-from evidence_pipeline.fragments import Fragment
 from evidence_pipeline.orchestration.authoring import curated_corpus, validation_result
 from evidence_pipeline.orchestration.metadata import corpus_metadata, evaluation_metadata
 from evidence_pipeline.orchestration.progress import tell
@@ -24,7 +21,10 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
-from evidence_pipeline.publish import (
+from evidence_pipeline.publishing.evalset import read_evaluation
+from evidence_pipeline.publishing.evaluate import EvaluationReport
+from evidence_pipeline.publishing.fragments import Fragment
+from evidence_pipeline.publishing.publish import (
     Candidate,
     PublishedCorpus,
     PublishResult,
@@ -40,7 +40,7 @@ from evidence_pipeline.publish import (
     open_target_index,
     require_publishable,
 )
-from evidence_pipeline.validate import LoadedUnit
+from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_runtime.index import EvidenceIndex
 from evidence_runtime.workspace import Workspace
 

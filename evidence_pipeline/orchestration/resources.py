@@ -13,7 +13,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.backends.base import ModelBackend, make_backend
+from evidence_pipeline.authoring.backends.base import ModelBackend
+from evidence_pipeline.authoring.backends.factory import make_backend
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import ConfigError
 from evidence_runtime.index import EvidenceIndex, open_index

@@ -22,8 +22,8 @@ from evidence_runtime.errors import ConfigError, EvidenceError
 if TYPE_CHECKING:
     import dagster as dg
 
-    from evidence_pipeline.prepare import PrepareResult
-    from evidence_pipeline.publish import PublishResult
+    from evidence_pipeline.authoring.prepare import PrepareResult
+    from evidence_pipeline.publishing.publish import PublishResult
 
 HOME_ENV = "DAGSTER_HOME"
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -134,7 +134,7 @@ def _applied(result: Any) -> bool:
 def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None
                    ) -> PublishResult:
     """``preprocess`` as the Dagster job ``publish``; raises what :func:`preprocess` raises."""
-    from evidence_pipeline.publish import gate_failure, require_publishable
+    from evidence_pipeline.publishing.publish import gate_failure, require_publishable
 
     result, failures = _execute("publish", root, {}, progress)
     if result.success:

@@ -10,7 +10,7 @@ from evidence_pipeline.orchestration.partitions import (
     source_keys,
 )
 from evidence_pipeline.orchestration.resources import WorkspaceResource
-from evidence_pipeline.publish import open_registry
+from evidence_pipeline.publishing.publish import open_registry
 
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)

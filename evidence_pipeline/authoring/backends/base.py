@@ -12,7 +12,6 @@ import difflib
 import json
 import operator
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, reduce
 from importlib import resources
@@ -57,7 +56,7 @@ class ModelRequest:
 
     source_file: str  # relative to evidence/, e.g. "source/10-domini-clinici/paziente.md"
     source_sha256: str  # "sha256:<hex>"
-    normalized_text: str  # evidence_pipeline.normalize.normalize_text of the source
+    normalized_text: str  # evidence_pipeline.authoring.normalize.normalize_text of the source
     language: str  # unit language code, e.g. "it"
     previous_units: tuple[PreviousUnit, ...] = ()
     max_chunk_chars: int = 4000
@@ -352,7 +351,8 @@ _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 
 @cache
 def _prompt_template(name: str) -> str:
-    return (resources.files("evidence_pipeline") / "prompts" / name).read_text(encoding="utf-8")
+    prompts = resources.files("evidence_pipeline.authoring") / "prompts"
+    return (prompts / name).read_text(encoding="utf-8")
 
 
 def system_prompt() -> str:
@@ -416,64 +416,6 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 BACKEND_NAMES = ("pi", "openai", "structural")
-
-
-def make_backend(name: str, settings: Mapping[str, Any]) -> ModelBackend:
-    """Build the backend ``name`` from its settings (``thoth.yaml`` ``model:`` section).
-
-    Settings may be flat or namespaced by backend (``pi: {...}``, ``openai: {...}``); keys that
-    belong to another backend are ignored, unknown keys are a :class:`ConfigError`.
-    """
-    if name not in BACKEND_NAMES:
-        raise ConfigError(f"unknown model backend {name!r} (choose one of: "
-                          f"{', '.join(BACKEND_NAMES)})", field="model.backend")
-    own = _settings_for(name, settings)
-    if name == "structural":
-        from evidence_pipeline.backends.structural import StructuralBackend
-
-        return StructuralBackend()
-    if name == "pi":
-        from evidence_pipeline.backends.pi import PiBackend
-
-        return PiBackend.from_settings(own)
-    from evidence_pipeline.backends.openai import OpenAIBackend
-
-    return OpenAIBackend.from_settings(own)
-
-
-_KNOWN_KEYS: dict[str, frozenset[str]] = {
-    "pi": frozenset({"command", "provider", "model", "thinking", "timeout_s", "extensions",
-                     "agent_dir"}),
-    "openai": frozenset({"base_url", "model", "api_key_env", "timeout_s", "max_tokens"}),
-    "structural": frozenset(),
-}
-
-
-def _settings_for(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    all_known = frozenset().union(*_KNOWN_KEYS.values())
-    own: dict[str, Any] = {}
-    for key, value in settings.items():
-        if key == "backend":
-            continue
-        if key in BACKEND_NAMES:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"model.{key} must be a mapping of settings",
-                                  field=f"model.{key}")
-            continue
-        if key not in all_known:
-            raise ConfigError(f"unknown model setting {key!r}", field=f"model.{key}")
-        if key in _KNOWN_KEYS[name]:
-            own[key] = value
-    nested = settings.get(name)
-    if isinstance(nested, Mapping):
-        for key, value in nested.items():
-            if key not in _KNOWN_KEYS[name]:
-                raise ConfigError(f"unknown setting {key!r} for the {name} backend (known: "
-                                  f"{', '.join(sorted(_KNOWN_KEYS[name])) or 'none'})",
-                                  field=f"model.{name}.{key}")
-            own[key] = value
-    return own
-
 
 def settings_error(exc: ValidationError, backend: str) -> ConfigError:
     """A :class:`ConfigError` naming the first bad setting of a backend."""

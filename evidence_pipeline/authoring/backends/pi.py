@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.backends.base import (
     DEFAULT_TIMEOUT_S,
     ModelBackendError,
     ModelReply,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evidence_pipeline.evalset import EvaluationSet, read_evaluation
+from evidence_pipeline.publishing.evalset import EvaluationSet, read_evaluation
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome
 

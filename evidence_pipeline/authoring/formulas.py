@@ -25,11 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evidence_pipeline.apply import Batch, apply_batch, recover
-from evidence_pipeline.gitrepo import require_clean
-from evidence_pipeline.ids import assign_id, slugify
-from evidence_pipeline.lock import workspace_lock
-from evidence_pipeline.manifest import (
+from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.ids import assign_id, slugify
+from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
@@ -38,29 +36,27 @@ from evidence_pipeline.manifest import (
     empty_manifest,
     read_manifest,
 )
-from evidence_pipeline.normalize import excerpt_in_source, normalize_text
-from evidence_pipeline.prepare import load_existing
-from evidence_pipeline.sources import (
+from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.authoring.prepare import load_existing
+from evidence_pipeline.authoring.sources import (
     MAX_LINE_CHARS,
     MAX_SOURCE_BYTES,
     Source,
     SourceError,
     check_rel_path,
 )
-from evidence_pipeline.validate import (
+from evidence_pipeline.gitrepo import require_clean
+from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.validation.corpus import SourceReader, corpus_files, sha256_bytes
+from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
+from evidence_pipeline.validation.rules import (
     FORMULA_SQL_REVIEW_CODES,
     LEGACY_FORMULA_SOURCES,
-    Problem,
-    Severity,
-    SourceReader,
     check_formula_sql,
     check_unit,
-    corpus_files,
     credential_problems,
     find_credentials,
     schema_problems,
-    sha256_bytes,
-    sort_problems,
 )
 from evidence_runtime.curated import (
     curated_relpath,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
-from evidence_pipeline.manifest import Manifest
-from evidence_pipeline.normalize import normalize_text
-from evidence_pipeline.validate import sha256_bytes
+from evidence_pipeline.authoring.manifest import Manifest
+from evidence_pipeline.authoring.normalize import normalize_text
+from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 

@@ -10,12 +10,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from evidence_pipeline.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.manifest import (
+    MANIFEST_NAME,
+    SourceEntry,
+    dump_manifest,
+    read_manifest,
+)
+from evidence_pipeline.authoring.prepare import RETIREMENT_CODE, load_existing
+from evidence_pipeline.authoring.sources import SourceError, read_source
 from evidence_pipeline.gitrepo import require_clean
 from evidence_pipeline.lock import workspace_lock
-from evidence_pipeline.manifest import MANIFEST_NAME, SourceEntry, dump_manifest, read_manifest
-from evidence_pipeline.prepare import RETIREMENT_CODE, load_existing
-from evidence_pipeline.sources import SourceError, read_source
 from evidence_runtime.curated import dump_curated, parse_curated
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import check_evidence_id

@@ -32,24 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence_pipeline.evalset import read_evaluation
-from evidence_pipeline.evaluate import (
+from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
+from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
+from evidence_pipeline.publishing.evalset import read_evaluation
+from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
     baseline_path,
     compare_with_baseline,
     evaluate,
 )
-from evidence_pipeline.fragments import AtomicTooLarge, Fragment, build_fragments
-from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
-from evidence_pipeline.validate import (
-    LoadedUnit,
-    Problem,
-    Severity,
-    ValidationReport,
-    sort_problems,
-    validate_evidence_dir,
-)
-from evidence_pipeline.vector_cache import VectorCache, embed_with_cache
+from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
+from evidence_pipeline.validation.corpus import LoadedUnit
+from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
+from evidence_pipeline.validation.validator import validate_evidence_dir
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import EvidenceError, RegistryError
 from evidence_runtime.index import EvidenceIndex, IndexPoint, open_index

@@ -2,47 +2,29 @@
 
 Both write curated formula units, their sources and the manifest all or nothing, and make no
 commit; review the change with ``git diff`` and ``tht evidence validate``.
-
-``evidence_pipeline.cli`` registers these commands at its end, so its helpers are imported when
-a command runs, not at import time: that keeps ``python -m evidence_pipeline.cli`` (cli.py run as
-``__main__``) and importing this module first free of a circular import.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from evidence_pipeline.formulas import FormulaImportError, ImportResult
-
-# the same argument and option as evidence_pipeline.cli's ``workspace_root`` and ``json_option``
-workspace_root = click.argument(
-    "workspace_root", type=click.Path(file_okay=False, path_type=Path)
+from evidence_pipeline.authoring.formulas import FormulaImportError, ImportResult
+from evidence_pipeline.cli.common import (
+    EXIT_PROBLEMS,
+    emit_json,
+    fail,
+    json_option,
+    stdout,
+    user_errors,
+    workspace_root,
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-
-
-def _user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """evidence_pipeline.cli.user_errors, looked up when the command runs."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from evidence_pipeline.cli import user_errors
-
-        return user_errors(func)(*args, **kwargs)
-
-    return wrapper
 
 
 def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
-    from evidence_pipeline.cli import emit_json, stdout
-
     if as_json:
         emit_json(result.to_json())
         return
@@ -73,8 +55,6 @@ def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
 
 
 def _refused(exc: FormulaImportError, *, as_json: bool) -> None:
-    from evidence_pipeline.cli import EXIT_PROBLEMS, emit_json, fail
-
     if as_json:
         emit_json({"status": "failed", "entries": [],
                    "problems": [p.to_json() for p in exc.problems]})
@@ -85,14 +65,14 @@ def _refused(exc: FormulaImportError, *, as_json: bool) -> None:
 @workspace_root
 @click.argument("legacy_dir", type=click.Path(file_okay=False, path_type=Path))
 @json_option
-@_user_errors
+@user_errors
 def import_formulas_cmd(workspace_root: Path, legacy_dir: Path, as_json: bool) -> None:
     """Migrate a legacy formula store (LEGACY_DIR/formulas/*.sql.md) into formula units.
 
     Each file is copied under evidence/source/ and cited by its unit; an entry that is not one
     composable expression is kept with a review item. All or nothing; makes no commit.
     """
-    from evidence_pipeline.formulas import import_formulas
+    from evidence_pipeline.authoring.formulas import import_formulas
 
     try:
         result = import_formulas(workspace_root, legacy_dir)
@@ -107,7 +87,7 @@ def import_formulas_cmd(workspace_root: Path, legacy_dir: Path, as_json: bool) -
 @click.argument("artifacts", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @json_option
-@_user_errors
+@user_errors
 def import_proposals_cmd(workspace_root: Path, artifacts: tuple[Path, ...],
                          as_json: bool) -> None:
     """Import formula proposals from workflow-session artifacts (JSON) for review.
@@ -115,7 +95,7 @@ def import_proposals_cmd(workspace_root: Path, artifacts: tuple[Path, ...],
     Each proposal becomes a source note and a formula unit awaiting review. Sessions never write
     the repository; this is the only way in. All or nothing; makes no commit.
     """
-    from evidence_pipeline.formulas import import_proposals
+    from evidence_pipeline.authoring.formulas import import_proposals
 
     try:
         result = import_proposals(workspace_root, list(artifacts))

@@ -1,19 +1,14 @@
-"""The deterministic validator (spec §5.4): every rule a plain function with a stable code.
+"""The validator's rules (spec §5.4): each a plain function with a stable code.
 
-Three outcomes: ``publishable`` (valid), ``blocked`` (valid with doubts: review items, orphans,
-retirement candidates), ``invalid`` (any error). The same functions check prepare's staged output,
-the work tree (``tht evidence validate``) and a materialized revision before publishing.
+Rules on one unit (schema, SQL, URLs, credentials, excerpts and provenance) and rules across the
+corpus (unique ids, manifest consistency, orphans, retirements).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from collections.abc import Iterator, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,144 +16,23 @@ import sqlglot
 from pydantic import ValidationError
 from sqlglot import exp
 
-from evidence_pipeline.manifest import (
+from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
-    ManifestError,
-    read_manifest,
 )
-from evidence_pipeline.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.authoring.normalize import excerpt_in_source
+from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader
+from evidence_pipeline.validation.problems import Problem, Severity
 from evidence_runtime.curated import (
-    CuratedDocument,
-    decode_text,
-    read_curated,
     validation_messages,
 )
-from evidence_runtime.errors import UnitFormatError
 from evidence_runtime.units import (
     ExampleUnit,
     FormulaUnit,
     ReferenceUnit,
     UnitBase,
 )
-from evidence_runtime.workspace import load_workspace
-from evidence_runtime.yamlio import dump_rt
-
-
-class Severity(StrEnum):
-    error = "error"
-    review = "review"
-
-
-class Status(StrEnum):
-    publishable = "publishable"
-    blocked = "blocked"
-    invalid = "invalid"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding: stable code, severity, and what it is about."""
-
-    code: str
-    severity: Severity
-    path: str | None
-    evidence_id: str | None
-    message: str
-    field: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "severity": self.severity.value,
-            "path": self.path,
-            "evidence_id": self.evidence_id,
-            "field": self.field,
-            "message": self.message,
-        }
-
-    def line(self) -> str:
-        where = ": ".join(p for p in (self.path, self.evidence_id, self.field) if p)
-        return f"{self.severity.value} {self.code} {where}: {self.message}"
-
-
-@dataclass
-class ValidationReport:
-    units: int
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def status(self) -> Status:
-        if any(p.severity is Severity.error for p in self.problems):
-            return Status.invalid
-        if self.problems:
-            return Status.blocked
-        return Status.publishable
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status.value,
-            "units": self.units,
-            "problems": [p.to_json() for p in sort_problems(self.problems)],
-        }
-
-
-def sort_problems(problems: Iterable[Problem]) -> list[Problem]:
-    return sorted(
-        problems,
-        key=lambda p: (p.severity != Severity.error, p.path or "", p.evidence_id or "",
-                       p.code, p.field or "", p.message),
-    )
-
-
-def sha256_bytes(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-# ---------------------------------------------------------------------------------------------
-
-
-class SourceReader:
-    """Reads sources under an evidence directory once: hash and normalized text, or why not."""
-
-    def __init__(self, evidence_dir: Path) -> None:
-        self.evidence_dir = evidence_dir
-        self._cache: dict[str, tuple[str, str] | str] = {}
-
-    def get(self, rel: str) -> tuple[str, str] | str:
-        """(sha256, normalized text) of ``rel`` (relative to evidence/), or an error message."""
-        if rel not in self._cache:
-            self._cache[rel] = self._load(rel)
-        return self._cache[rel]
-
-    def _load(self, rel: str) -> tuple[str, str] | str:
-        pure = PurePosixPath(rel)
-        if pure.is_absolute() or ".." in pure.parts or not rel.startswith("source/"):
-            return "source path must stay under source/"
-        file = self.evidence_dir / rel
-        base = (self.evidence_dir / "source").resolve()
-        try:
-            resolved = file.resolve()
-        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
-            return "source cannot be resolved"
-        if not resolved.is_relative_to(base):
-            return "source path leaves the source/ tree (symlink?)"
-        if not file.is_file():
-            return "source file does not exist"
-        raw = file.read_bytes()
-        try:
-            text = decode_text(raw, path=rel)
-        except UnitFormatError as exc:
-            return f"source is not readable text: {exc.message}"
-        return sha256_bytes(raw), normalize_text(text)
-
-
-# ---------------------------------------------------------------------------------------------
-# Rules on one unit
-# ---------------------------------------------------------------------------------------------
 
 _FIELD_CODES = {
     "id": "id_invalid",
@@ -386,75 +260,6 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Corpus
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedUnit:
-    rel_path: str  # relative to evidence/
-    doc: CuratedDocument | None
-    unit: UnitBase | None
-
-
-def corpus_files(evidence_dir: Path, patterns: Sequence[str]) -> list[str]:
-    """Curated files matching the descriptor's patterns, relative to evidence/, sorted."""
-    found: set[str] = set()
-    for pattern in patterns:
-        for file in evidence_dir.glob(pattern):
-            if file.is_file() or file.is_symlink():
-                found.add(file.relative_to(evidence_dir).as_posix())
-    return sorted(found)
-
-
-_UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
-               sources: SourceReader, skip_source: frozenset[str] = frozenset(),
-               check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
-    """Read, parse and (unless ``check`` is false) check each curated file."""
-    loaded: list[LoadedUnit] = []
-    problems: list[Problem] = []
-    for rel in rel_paths:
-        shown = f"{shown_prefix}{rel}"
-        file = evidence_dir / rel
-        bad = [ch for ch in rel if unicodedata.category(ch) in _UNSAFE_NAME_CATEGORIES]
-        if bad:
-            problems.append(Problem("unsafe_path", Severity.error, ascii(shown), None,
-                                    f"the file name contains a control character "
-                                    f"(U+{ord(bad[0]):04X})"))
-            loaded.append(LoadedUnit(rel, None, None))
-            continue
-        if file.is_symlink():
-            problems.append(Problem("unsafe_path", Severity.error, shown, None,
-                                    "curated files must not be symlinks"))
-            loaded.append(LoadedUnit(rel, None, None))
-            continue
-        try:
-            doc = read_curated(file, display_path=shown)
-        except UnitFormatError as exc:
-            problems.append(Problem(exc.code, Severity.error, shown, None, exc.message))
-            loaded.append(LoadedUnit(rel, None, None))
-            continue
-        eid = doc.evidence_id
-        if check:
-            problems.extend(credential_problems(doc.data(), doc.body, path=shown,
-                                                evidence_id=eid,
-                                                front_text=doc.front_text or dump_rt(doc.front)))
-        try:
-            unit = doc.unit()
-        except ValidationError as exc:
-            problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
-            loaded.append(LoadedUnit(rel, doc, None))
-            continue
-        if check:
-            problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
-                                       body=doc.body,
-                                       skip_source=unit.id in skip_source))
-        loaded.append(LoadedUnit(rel, doc, unit))
-    return loaded, problems
 
 
 def check_corpus(loaded: Sequence[LoadedUnit], manifest: Manifest | None, *,
@@ -532,33 +337,3 @@ def _shown_for(eid: str, by_id: dict[str, list[LoadedUnit]], prefix: str) -> str
     items = by_id.get(eid)
     return f"{prefix}{items[0].rel_path}" if items else None
 
-
-def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
-                          shown_prefix: str = "evidence/",
-                          ) -> tuple[ValidationReport, list[LoadedUnit]]:
-    """Validate a whole evidence directory (work tree or materialized revision)."""
-    sources = SourceReader(evidence_dir)
-    problems: list[Problem] = []
-    try:
-        manifest = read_manifest(evidence_dir, shown=f"{shown_prefix}{MANIFEST_NAME}")
-    except ManifestError as exc:
-        problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
-        manifest = None
-    rel_paths = corpus_files(evidence_dir, patterns)
-    skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
-        else frozenset()
-    loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
-                                       sources=sources, skip_source=skip)
-    problems.extend(unit_problems)
-    if manifest is not None or not problems:
-        problems.extend(check_corpus(loaded, manifest, shown_prefix=shown_prefix,
-                                     sources=sources))
-    return ValidationReport(units=len(rel_paths), problems=problems), loaded
-
-
-def validate_workspace(root: Path) -> ValidationReport:
-    """``tht evidence validate``: the work tree of a workspace."""
-    ws = load_workspace(root)
-    report, _ = validate_evidence_dir(ws.evidence_dir, patterns=ws.config.evidence.patterns,
-                                      shown_prefix=f"{ws.config.evidence.root}/")
-    return report

@@ -15,20 +15,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from evidence_pipeline.apply import Batch, apply_batch, recover
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.backends.base import (
     ModelBackend,
     ModelBackendError,
     ModelReply,
     ModelRequest,
     PreviousUnit,
-    make_backend,
 )
-from evidence_pipeline.fragments import ATOMIC_TOO_LARGE, atomic_problems
-from evidence_pipeline.gitrepo import committed_bytes_with_sha256, require_clean
-from evidence_pipeline.ids import assign_id
-from evidence_pipeline.lock import workspace_lock
-from evidence_pipeline.manifest import (
+from evidence_pipeline.authoring.backends.factory import make_backend
+from evidence_pipeline.authoring.ids import assign_id
+from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
@@ -37,21 +34,20 @@ from evidence_pipeline.manifest import (
     empty_manifest,
     read_manifest,
 )
-from evidence_pipeline.normalize import canonical, normalize_text
-from evidence_pipeline.sources import Change, SourceChange, compare, intake
-from evidence_pipeline.validate import (
-    LoadedUnit,
-    Problem,
-    Severity,
-    SourceReader,
+from evidence_pipeline.authoring.normalize import canonical, normalize_text
+from evidence_pipeline.authoring.sources import Change, SourceChange, compare, intake
+from evidence_pipeline.gitrepo import committed_bytes_with_sha256, require_clean
+from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
+from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
+from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
+from evidence_pipeline.validation.rules import (
     check_corpus,
     check_unit,
-    corpus_files,
     credential_problems,
-    load_units,
     schema_problems,
-    sort_problems,
 )
+from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.curated import (
     CuratedDocument,
     curated_relpath,

@@ -1,103 +1,34 @@
 """The ``tht`` command line: curators and operators run the same functions as the assets.
 
-Exit 0 on success; non-zero with one clear line on stderr on failure; ``--json`` prints one JSON
-document on stdout and nothing else there. Tracebacks are for bugs only.
+The groups and the authoring, publishing and search commands; the formula imports live in
+``cli.formulas``, what all commands share in ``cli.common``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evidence_runtime.errors import EvidenceError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_PROBLEMS = 1
-EXIT_ERROR = 2
-
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def fail(message: str, code: int = EXIT_ERROR) -> None:
-    """Print one line on stderr and exit."""
-    # names taken from the input may hold control characters: escape them, keep one line
-    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def user_errors(func: F) -> F:
-    """Turn expected errors into one clear stderr line and a non-zero exit.
-
-    With ``--json`` the error is also the one JSON document on stdout:
-    ``{"status": "error", "problems": [{"code", "severity", "path", "evidence_id", "field",
-    "message"}]}``, so that a machine never has to parse stderr.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except EvidenceError as exc:
-            if kwargs.get("as_json"):
-                emit_json(error_document(exc.code, exc.message, path=exc.path,
-                                         evidence_id=exc.evidence_id, field=exc.field))
-            fail(str(exc))
-        except KeyboardInterrupt:
-            if kwargs.get("as_json"):
-                emit_json(error_document("interrupted", "interrupted"))
-            fail("interrupted", 130)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def error_document(code: str, message: str, *, path: str | None = None,
-                   evidence_id: str | None = None, field: str | None = None) -> dict[str, Any]:
-    """The ``--json`` document of a command that could not run."""
-    return {"status": "error", "problems": [{
-        "code": code, "severity": "error", "path": path, "evidence_id": evidence_id,
-        "field": field, "message": message}]}
-
-
-def print_problems(problems: list[Any]) -> None:
-    """One line per problem: severity, code, file, unit, field, message (grep-friendly)."""
-    for p in problems:
-        style = "red" if p.severity.value == "error" else "yellow"
-        where = "  ".join(x for x in (p.path, p.evidence_id, p.field) if x)
-        stdout.print(f"[{style}]{p.severity.value:6}[/] [bold]{p.code}[/]  {escape(where)}: "
-                     f"{escape(p.message)}")
-
-
-def refuse(message: str, problems: list[Any], document: dict[str, Any], *,
-           as_json: bool) -> None:
-    """A command refused with a list of problems: ``document`` plus ``problems`` as the JSON
-    document, or one line per problem; then the one error line and exit 1."""
-    if as_json:
-        emit_json({**document, "problems": [p.to_json() for p in problems]})
-    else:
-        print_problems(problems)
-    fail(message, EXIT_PROBLEMS)
-
-
-def emit_json(document: Any) -> None:
-    click.echo(json.dumps(document, ensure_ascii=False, indent=2, sort_keys=False))
-
-
-workspace_root = click.argument(
-    "workspace_root", type=click.Path(file_okay=False, path_type=Path)
+from evidence_pipeline.authoring.backends.base import BACKEND_NAMES
+from evidence_pipeline.cli.common import (
+    EXIT_PROBLEMS,
+    emit_json,
+    fail,
+    json_option,
+    print_problems,
+    refuse,
+    stderr,
+    stdout,
+    user_errors,
+    workspace_root,
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
+from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -130,7 +61,8 @@ def validate(workspace_root: Path, as_json: bool) -> None:
 
     Exit 0 only when the corpus is publishable.
     """
-    from evidence_pipeline.validate import Severity, Status, sort_problems, validate_workspace
+    from evidence_pipeline.validation.problems import Severity, Status, sort_problems
+    from evidence_pipeline.validation.validator import validate_workspace
 
 
     report = validate_workspace(workspace_root)
@@ -175,7 +107,7 @@ def print_diff(diff: str) -> None:
 @workspace_root
 @click.option("--upgrade", is_flag=True,
               help="Reprocess every source (new pipeline version); needs a clean repository.")
-@click.option("--backend", type=click.Choice(["pi", "openai", "structural"]),
+@click.option("--backend", type=click.Choice(BACKEND_NAMES),
               help="Model backend (default: thoth.yaml model.backend).")
 @click.option("--no-diff", is_flag=True, help="Do not print the diff of the proposed change.")
 @json_option
@@ -186,8 +118,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
 
     All or nothing: any problem leaves the work tree unchanged. Makes no commit.
     """
-    from evidence_pipeline.prepare import PrepareError, SourceReport
-    from evidence_pipeline.prepare import prepare as run_prepare
+    from evidence_pipeline.authoring.prepare import PrepareError, SourceReport
+    from evidence_pipeline.authoring.prepare import prepare as run_prepare
 
     out = stderr if as_json else stdout
     colours = {"unchanged": "dim", "changed": "yellow", "new": "green", "removed": "red",
@@ -250,7 +182,7 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
 def resolve(evidence_id: str, retire: bool, source: str | None, workspace_root: Path,
             as_json: bool) -> None:
     """Resolve an orphan or retirement candidate: --retire or --source (exactly one)."""
-    from evidence_pipeline.resolve import resolve as run_resolve
+    from evidence_pipeline.authoring.resolve import resolve as run_resolve
 
     if retire and source:
         raise click.UsageError("--retire and --source are mutually exclusive")
@@ -282,7 +214,7 @@ def activate(workspace_root: Path, revision: str | None, as_json: bool) -> None:
     If a retained generation of that revision exists it becomes active again (rollback);
     otherwise Evidence is unavailable until `preprocess evidence` publishes the revision.
     """
-    from evidence_pipeline.publish import activate as run_activate
+    from evidence_pipeline.publishing.publish import activate as run_activate
 
     result = run_activate(workspace_root, revision=revision)
     if as_json:
@@ -310,7 +242,7 @@ def preprocess() -> None:
 def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
     """Publish the activated revision as a new generation: validate, fragment, embed, upload,
     verify, evaluate; activate only if the gate passes."""
-    from evidence_pipeline.publish import GateFailed, PublishError, preprocess
+    from evidence_pipeline.publishing.publish import GateFailed, PublishError, preprocess
 
     out = stderr if as_json else stdout
     try:
@@ -388,15 +320,15 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
 
     Exit 0 when the gate passes (every query has an expected unit in the fused top 10).
     """
-    from evidence_pipeline.evalset import read_evaluation
-    from evidence_pipeline.evaluate import (
+    from evidence_pipeline.publishing.evalset import read_evaluation
+    from evidence_pipeline.publishing.evaluate import (
         baseline_path,
         compare_with_baseline,
     )
-    from evidence_pipeline.evaluate import (
+    from evidence_pipeline.publishing.evaluate import (
         evaluate as run_evaluate,
     )
-    from evidence_pipeline.evaluate import (
+    from evidence_pipeline.publishing.evaluate import (
         save_baseline as write_baseline,
     )
     from evidence_runtime.search import EvidenceSearcher
@@ -424,7 +356,8 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
 
 def _unit_kinds(ws: Any, revision: str | None) -> dict[str, str]:
     """evidence id → kind, from the materialized revision (or the work tree)."""
-    from evidence_pipeline.validate import SourceReader, corpus_files, load_units
+    from evidence_pipeline.validation.corpus import SourceReader, corpus_files
+    from evidence_pipeline.validation.validator import load_units
 
     base = ws.state_dir / "revisions" / revision if revision else ws.root
     evidence_dir = base / ws.config.evidence.root
@@ -440,14 +373,12 @@ def _unit_kinds(ws: Any, revision: str | None) -> dict[str, str]:
 @workspace_root
 @click.argument("question")
 @click.option("--purpose", required=True,
-              type=click.Choice(["disambiguation", "rewriting", "schema_linking",
-                                 "sql_generation"]))
+              type=click.Choice([p.value for p in EvidencePurpose]))
 @click.option("--table", "tables", multiple=True, help="Table known to the stage (query text).")
 @click.option("--column", "columns", multiple=True, help="Column known to the stage (query text).")
 @click.option("--concept", "concepts", multiple=True, help="Concept known to the stage.")
 @click.option("--kind", "kinds", multiple=True,
-              type=click.Choice(["glossary", "domain", "enum", "example", "mapping",
-                                 "normalization", "formula", "reference"]),
+              type=click.Choice([k.value for k in EvidenceKind]),
               help="Binding constraint: only these kinds.")
 @click.option("--limit", type=click.IntRange(1, 50), default=10, show_default=True)
 @json_option
@@ -508,8 +439,6 @@ def demo_init(dest: Path, force: bool) -> None:
     path = create_demo_repo(dest, force=force)
     click.echo(f"demo workspace ready: {path}")
 
-
-from evidence_pipeline.cli_formulas import import_formulas_cmd, import_proposals_cmd  # noqa: E402
 
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)

@@ -18,12 +18,12 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
-from evidence_pipeline.backends.base import (
+from evidence_pipeline.authoring.backends.base import (
     ModelReply,
     ModelRequest,
     reply_from_data,
 )
-from evidence_pipeline.normalize import canonical, excerpt_in_source
+from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source
 from evidence_runtime.units import MAX_EXCERPT_CHARS, MAX_EXCERPTS, EvidenceKind, EvidencePurpose
 
 K = EvidenceKind

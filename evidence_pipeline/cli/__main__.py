@@ -1,0 +1,5 @@
+"""``python -m evidence_pipeline.cli``."""
+
+from evidence_pipeline.cli.app import main
+
+main()

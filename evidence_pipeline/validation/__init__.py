@@ -1,0 +1,1 @@
+"""The deterministic validator: problem types, corpus reading, rules, and the entry points."""

@@ -1,0 +1,113 @@
+"""The deterministic validator (spec §5.4): read a corpus, apply every rule, report.
+
+The same functions check prepare's staged output, the work tree (``tht evidence validate``) and a
+materialized revision before publishing.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from evidence_pipeline.authoring.manifest import (
+    MANIFEST_NAME,
+    ManifestError,
+    read_manifest,
+)
+from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
+from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
+from evidence_pipeline.validation.rules import (
+    check_corpus,
+    check_unit,
+    credential_problems,
+    schema_problems,
+)
+from evidence_runtime.curated import (
+    read_curated,
+)
+from evidence_runtime.errors import UnitFormatError
+from evidence_runtime.workspace import load_workspace
+from evidence_runtime.yamlio import dump_rt
+
+_UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
+               sources: SourceReader, skip_source: frozenset[str] = frozenset(),
+               check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
+    """Read, parse and (unless ``check`` is false) check each curated file."""
+    loaded: list[LoadedUnit] = []
+    problems: list[Problem] = []
+    for rel in rel_paths:
+        shown = f"{shown_prefix}{rel}"
+        file = evidence_dir / rel
+        bad = [ch for ch in rel if unicodedata.category(ch) in _UNSAFE_NAME_CATEGORIES]
+        if bad:
+            problems.append(Problem("unsafe_path", Severity.error, ascii(shown), None,
+                                    f"the file name contains a control character "
+                                    f"(U+{ord(bad[0]):04X})"))
+            loaded.append(LoadedUnit(rel, None, None))
+            continue
+        if file.is_symlink():
+            problems.append(Problem("unsafe_path", Severity.error, shown, None,
+                                    "curated files must not be symlinks"))
+            loaded.append(LoadedUnit(rel, None, None))
+            continue
+        try:
+            doc = read_curated(file, display_path=shown)
+        except UnitFormatError as exc:
+            problems.append(Problem(exc.code, Severity.error, shown, None, exc.message))
+            loaded.append(LoadedUnit(rel, None, None))
+            continue
+        eid = doc.evidence_id
+        if check:
+            problems.extend(credential_problems(doc.data(), doc.body, path=shown,
+                                                evidence_id=eid,
+                                                front_text=doc.front_text or dump_rt(doc.front)))
+        try:
+            unit = doc.unit()
+        except ValidationError as exc:
+            problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
+            loaded.append(LoadedUnit(rel, doc, None))
+            continue
+        if check:
+            problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
+                                       body=doc.body,
+                                       skip_source=unit.id in skip_source))
+        loaded.append(LoadedUnit(rel, doc, unit))
+    return loaded, problems
+
+
+
+def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
+                          shown_prefix: str = "evidence/",
+                          ) -> tuple[ValidationReport, list[LoadedUnit]]:
+    """Validate a whole evidence directory (work tree or materialized revision)."""
+    sources = SourceReader(evidence_dir)
+    problems: list[Problem] = []
+    try:
+        manifest = read_manifest(evidence_dir, shown=f"{shown_prefix}{MANIFEST_NAME}")
+    except ManifestError as exc:
+        problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
+        manifest = None
+    rel_paths = corpus_files(evidence_dir, patterns)
+    skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
+        else frozenset()
+    loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
+                                       sources=sources, skip_source=skip)
+    problems.extend(unit_problems)
+    if manifest is not None or not problems:
+        problems.extend(check_corpus(loaded, manifest, shown_prefix=shown_prefix,
+                                     sources=sources))
+    return ValidationReport(units=len(rel_paths), problems=problems), loaded
+
+
+def validate_workspace(root: Path) -> ValidationReport:
+    """``tht evidence validate``: the work tree of a workspace."""
+    ws = load_workspace(root)
+    report, _ = validate_evidence_dir(ws.evidence_dir, patterns=ws.config.evidence.patterns,
+                                      shown_prefix=f"{ws.config.evidence.root}/")
+    return report
