@@ -374,27 +374,42 @@ def _unit_kinds(ws: Any, revision: str | None) -> dict[str, str]:
 @click.argument("question")
 @click.option("--purpose", required=True,
               type=click.Choice([p.value for p in EvidencePurpose]))
-@click.option("--table", "tables", multiple=True, help="Table known to the stage (query text).")
-@click.option("--column", "columns", multiple=True, help="Column known to the stage (query text).")
-@click.option("--concept", "concepts", multiple=True, help="Concept known to the stage.")
+@click.option("--table", "tables", multiple=True,
+              help="Table known to the stage: added to the query text, filters nothing.")
+@click.option("--column", "columns", multiple=True,
+              help="Column known to the stage: added to the query text, filters nothing.")
+@click.option("--concept", "concepts", multiple=True,
+              help="Concept known to the stage: added to the query text, filters nothing.")
 @click.option("--kind", "kinds", multiple=True,
               type=click.Choice([k.value for k in EvidenceKind]),
-              help="Binding constraint: only these kinds.")
+              help="Binding constraint: only units of these kinds.")
+@click.option("--require-table", "required_tables", multiple=True,
+              help="Binding constraint: only units whose applies_to names one of these tables.")
+@click.option("--require-column", "required_columns", multiple=True,
+              help="Binding constraint: only units whose applies_to names one of these columns.")
+@click.option("--require-concept", "required_concepts", multiple=True,
+              help="Binding constraint: only units whose applies_to names one of these concepts.")
 @click.option("--limit", type=click.IntRange(1, 50), default=10, show_default=True)
 @json_option
 @user_errors
 def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str, ...],
            columns: tuple[str, ...], concepts: tuple[str, ...], kinds: tuple[str, ...],
-           limit: int, as_json: bool) -> None:
+           required_tables: tuple[str, ...], required_columns: tuple[str, ...],
+           required_concepts: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Search the active generation as a workflow stage would (read-only).
 
+    --table/--column/--concept are context hints rendered into the query text (spec §9.6);
+    --kind and --require-* are binding constraints (spec §10), applied as filters.
     Exit 0 when available (even with no results), 1 when Evidence is unavailable.
     """
     from evidence_runtime.query import EmptyQueryError, EvidenceConstraints, EvidenceSearchContext
     from evidence_runtime.search import EvidenceSearcher
 
     context = EvidenceSearchContext(tables=tables, columns=columns, concepts=concepts,
-                                    constraints=EvidenceConstraints(kinds=kinds))
+                                    constraints=EvidenceConstraints(
+                                        kinds=kinds, tables=required_tables,
+                                        columns=required_columns,
+                                        concepts=required_concepts))
     with EvidenceSearcher.for_workspace(workspace_root) as searcher:
         try:
             outcome = searcher.search(question, purpose, context, limit=limit)
