@@ -1,15 +1,15 @@
 """The validator's rules (spec §5.4): each a plain function with a stable code.
 
 Rules on one unit (schema, SQL, URLs, credentials, excerpts and provenance) and rules across the
-corpus (unique ids, manifest consistency, orphans, retirements).
+corpus (unique ids, manifest consistency, orphans, retirements). The credential rules live in
+``credentials`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import PurePosixPath
-from typing import Any
 from urllib.parse import urlsplit
 
 import sqlglot
@@ -23,6 +23,12 @@ from evidence_pipeline.authoring.manifest import (
 )
 from evidence_pipeline.authoring.normalize import excerpt_in_source
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader
+from evidence_pipeline.validation.credentials import (
+    credential_problems as credential_problems,
+)
+from evidence_pipeline.validation.credentials import (
+    find_credentials as find_credentials,
+)
 from evidence_pipeline.validation.problems import Problem, Severity
 from evidence_runtime.curated import (
     validation_messages,
@@ -127,68 +133,6 @@ def check_url(url: str) -> str | None:
     if not parts.hostname:
         return "URL has no host"
     return None
-
-
-_CREDENTIAL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
-    ("password in a connection string",
-     re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:[^\s@/'\"]+@", re.IGNORECASE)),
-    # (?<![a-z0-9]) rather than \b: DB_PASSWORD=, GITHUB_TOKEN= are names ending in the word
-    ("password assignment",
-     re.compile(r"(?i)(?<![a-z0-9])(?:password|passwd|pwd|passwort|parola\s?chiave)\s*[:=]\s*['\"]?[^\s'\";,]{3,}")),
-    ("API key or token assignment",
-     re.compile(r"(?i)(?<![a-z0-9])(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
-                r"|secret[_-]?(?:access[_-]?)?key|client[_-]?secret|token|secret)"
-                r"\s*[:=]\s*['\"]?[A-Za-z0-9_\-./+]{12,}")),
-    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("OpenAI-style secret key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}")),
-    ("Stripe secret key", re.compile(r"\b[rs]k_live_[A-Za-z0-9]{16,}")),
-    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})")),
-    ("Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"
-                               r"|hooks\.slack\.com/services/[A-Za-z0-9_/]{20,}")),
-    ("basic authorization header",
-     re.compile(r"(?i)\bauthorization\s*:\s*basic\s+[A-Za-z0-9+/]{8,}={0,2}")),
-    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
-    ("JSON web token",
-     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("bearer token", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{20,}=*")),
-)
-
-
-def find_credentials(text: str) -> list[str]:
-    """Names of the credential shapes found in a text (empty when clean)."""
-    return [name for name, pattern in _CREDENTIAL_PATTERNS if pattern.search(text)]
-
-
-def _walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if prefix:  # a key is text too (an enum code)
-                yield prefix, str(k)
-            yield from _walk_strings(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _walk_strings(v, f"{prefix}[{i}]")
-    elif isinstance(value, str):
-        yield prefix, value
-
-
-def credential_problems(data: Any, body: str, *, path: str | None,
-                        evidence_id: str | None, front_text: str = "") -> list[Problem]:
-    out = []
-    found: set[str] = set()
-    for field_path, text in [*_walk_strings(data), ("body", body)]:
-        for name in find_credentials(text):
-            found.add(name)
-            out.append(Problem("credentials_found", Severity.error, path, evidence_id,
-                               f"looks like a credential ({name}); remove it", field_path))
-    # YAML comments are no field, but they are committed with the file
-    for name in find_credentials(front_text):
-        if name not in found:
-            out.append(Problem("credentials_found", Severity.error, path, evidence_id,
-                               f"looks like a credential ({name}) in the front matter outside "
-                               "any field (a YAML comment?); remove it"))
-    return out
 
 
 def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
