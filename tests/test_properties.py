@@ -1,4 +1,5 @@
-"""Property-based tests (issue 8, part 4): normalization, excerpt matching, query text, ids.
+"""Property-based tests (issue 8, part 4): normalization, excerpt matching, query text, ids,
+and the Markdown grammar's block slicing (issue 13).
 
 Bounded runs (at most 200 examples, no deadline) so the file stays well under 20 s.
 """
@@ -12,8 +13,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from evidence_pipeline import markdown
+from evidence_pipeline.authoring.backends.base import ModelRequest
+from evidence_pipeline.authoring.backends.structural import StructuralBackend
 from evidence_pipeline.authoring.ids import MAX_SLUG, assign_id, slugify
 from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source, normalize_text
+from evidence_pipeline.publishing.fragments import body_pieces
 from evidence_runtime.query import EmptyQueryError, EvidenceSearchContext, render_query
 from evidence_runtime.units import ID_PREFIX, SLUG_RE, EvidenceKind, check_evidence_id
 
@@ -162,6 +167,85 @@ def test_words_run_together_are_not_found(ws: list[str], data: st.DataObject) ->
     joined = " ".join([*ws[:k], ws[k] + ws[k + 1], *ws[k + 2:]])
     assume(joined not in canonical(source))  # "ab a b": the joined word may exist elsewhere
     assert not excerpt_in_source(joined, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Markdown grammar: blocks are exact slices of the text
+# ---------------------------------------------------------------------------------------------
+
+# Lines that open or close the structures the grammar knows, mixed with text lines, so that
+# generated notes hold fences of both kinds inside each other, tables, lists, HTML, quotes.
+MARKDOWN_LINES = [
+    "```", "```sql", "````", "~~~", "~~~~ text", "   ```", "    codice indentato", "# Titolo",
+    "## Sezione ##", "Titolo setext", "===", "---", "***", "- voce", "  - sotto voce", "1. primo",
+    "2) secondo", "| a | b |", "|---|---|", "| 1 | 2 |", "a | b", "> citazione", "<div>",
+    "</div>", "<!-- commento -->", "[rif]: https://example.org", "", "", "testo libero",
+    "Regola: i DH vanno esclusi.", "SELECT 1", "\t- tab", "- [x] fatto",
+]
+markdown_notes = st.lists(st.sampled_from(MARKDOWN_LINES) | st.text(max_size=10),
+                          max_size=40).map("\n".join)
+
+
+def _check_blocks(text: str) -> list[markdown.Block]:
+    lines = markdown.split_lines(text)
+    found = markdown.parse_blocks(text)
+    covered: list[int] = []
+    for block in found:
+        assert block.lines == tuple(lines[block.start:block.end]), block
+        assert block.lines and not markdown.is_blank(block.lines[-1]), block  # none trailing
+        covered.extend(range(block.start, block.end))
+        if "\r" not in text:
+            assert block.text in text
+    assert covered == sorted(set(covered)), "blocks overlap or are out of order"
+    uncovered = [n for n, line in enumerate(lines)
+                 if not markdown.is_blank(line) and n not in set(covered)]
+    assert not uncovered, [lines[n] for n in uncovered]
+    return found
+
+
+@BOUNDED
+@given(markdown_notes | any_text)
+def test_blocks_are_exact_ordered_slices_covering_every_non_blank_line(text: str) -> None:
+    for block in _check_blocks(text):
+        parts = block.parts()
+        if block.kind in markdown.VERBATIM:
+            assert [p.lines for p in parts] == [block.lines]
+        # parts are consecutive runs of the block's own lines, blank lines only between them
+        joined = [line for p in parts for line in p.lines]
+        assert [ln for ln in joined if not markdown.is_blank(ln)] == [
+            ln for ln in block.lines if not markdown.is_blank(ln)]
+        for part in parts:
+            assert part.text in block.text
+        if block.kind is markdown.BlockKind.fence:
+            assert block.content == block.lines[1:len(block.content) + 1]
+
+
+@BOUNDED
+@given(markdown_notes)
+def test_blocks_of_normalized_notes_are_exact_slices_too(text: str) -> None:
+    _check_blocks(normalize_text(text))
+
+
+@BOUNDED
+@given(markdown_notes)
+def test_body_pieces_are_verbatim_slices_of_the_body(body: str) -> None:
+    lf = "\n".join(markdown.split_lines(body))
+    for piece in body_pieces(body, "Titolo"):
+        if not piece.heading:
+            assert piece.text in lf, piece
+
+
+@settings(max_examples=100, deadline=None)
+@given(markdown_notes)
+def test_structural_units_quote_only_the_normalized_note(text: str) -> None:
+    normalized = normalize_text(text)
+    assume(normalized.strip())
+    request = ModelRequest(source_file="source/nota.md", source_sha256="sha256:" + "0" * 64,
+                           normalized_text=normalized, language="it")
+    reply = StructuralBackend().restructure(request)
+    for unit in reply.units:
+        for excerpt in unit.data["supporting_excerpts"]:
+            assert excerpt_in_source(excerpt, normalized), excerpt
 
 
 # ---------------------------------------------------------------------------------------------

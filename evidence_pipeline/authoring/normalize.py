@@ -20,7 +20,10 @@ _ATX_NO_SPACE = re.compile(r"^(#{1,6})([^#\s])")
 _ATX_CLOSING = re.compile(r"(?:\s+#+)+\s*$")  # every trailing run, or a second pass finds one
 _BULLET = re.compile(r"^(\s*)(?:[*+•▪◦‣]|–|—)\s+")
 _ORDERED_PAREN = re.compile(r"^(\s*)(\d{1,3})\)\s+")
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([A-Za-z0-9_+-]*)\s*$")
+# a fence opens with three or more backticks or tildes and an info string (no backtick after
+# backticks); it closes with a line of the same character, at least as long (CommonMark)
+_FENCE = re.compile(r"^(\s*)(`{3,}(?=[^`]*$)|~{3,})\s*(.*?)\s*$")
+_LANG = re.compile(r"[A-Za-z0-9_+-]+")
 _SETEXT = re.compile(r"^(=+|-+)\s*$")
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 _WS = re.compile(r"\s+")
@@ -32,19 +35,17 @@ def normalize_text(text: str) -> str:
     text = unicodedata.normalize("NFC", text).removeprefix("\ufeff")
     lines = text.split("\n")
     out: list[str] = []
-    in_code = False
-    for raw in lines:
-        line = _SPACES.sub(" ", raw).rstrip()
+    n = 0
+    while n < len(lines):
+        line = _SPACES.sub(" ", lines[n]).rstrip()
         fence = _FENCE.match(line)
         if fence:
-            lang = fence.group(3).lower()
-            line = f"{fence.group(1)}```{lang}" if not in_code else f"{fence.group(1)}```"
-            in_code = not in_code
-            out.append(line)
+            end = _fence_end(lines, n, fence.group(2))
+            block = [_SPACES.sub(" ", raw).rstrip() for raw in lines[n:end + 1]]
+            out.extend(_code_block(fence, block[1:end - n], block[end - n:]))
+            n = end + 1
             continue
-        if in_code:
-            out.append(line)
-            continue
+        n += 1
         line = _MULTISPACE.sub(" ", line)
         # setext heading: a text line underlined by === or --- becomes an ATX heading
         if _SETEXT.match(line) and out and out[-1].strip() and not _is_structural(out[-1]) \
@@ -73,6 +74,31 @@ def normalize_text(text: str) -> str:
     # a BOM that surfaces at the start once leading blank lines are gone would be dropped by a
     # second pass: drop it now, so that normalizing twice changes nothing
     return normalize_text(result) if result.startswith("\ufeff") else result
+
+
+def _closes(line: str, marker: str) -> bool:
+    s = line.strip()
+    return len(s) >= len(marker) and s == marker[0] * len(s)
+
+
+def _fence_end(lines: list[str], start: int, marker: str) -> int:
+    """Index of the line closing the fence opened at ``start`` (``len(lines)`` if none)."""
+    return next((n for n in range(start + 1, len(lines)) if _closes(lines[n], marker)),
+                len(lines))
+
+
+def _code_block(fence: re.Match[str], content: list[str], closing: list[str]) -> list[str]:
+    """A fenced block with its fences written ```lang … ``` (language in lower case); a block
+    whose content holds a line that would close a ``` fence keeps its own fence characters.
+    ``closing`` is the closing line, or nothing for a block left open to the end."""
+    indent, marker, info = fence.group(1), fence.group(2), fence.group(3)
+    if not any(_closes(line, "```") for line in content):
+        marker = "```"
+    lang = _LANG.match(info)
+    if lang and (len(info) == lang.end() or info[lang.end()].isspace()):
+        info = lang.group(0).lower() + info[lang.end():]
+    close = [line[:len(line) - len(line.lstrip())] + marker for line in closing]
+    return [f"{indent}{marker}{info}", *content, *close]
 
 
 def _is_structural(line: str) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from evidence_pipeline import markdown
+from evidence_pipeline.markdown import BlockKind
 from evidence_runtime.units import (
     DomainUnit,
     EnumUnit,
@@ -126,48 +128,25 @@ def typed_pieces(unit: UnitBase) -> list[Piece]:
     return p
 
 
-_HEADING = re.compile(r"^#{1,6} ")
-_FENCE = re.compile(r"^\s*(```|~~~)")
-
-
 def body_pieces(body: str, title: str) -> list[Piece]:
-    """Body blocks: headings start sections, blank lines separate paragraphs, code blocks whole.
+    """Body blocks in the shared Markdown grammar: a heading is a piece, a code block is one
+    atomic piece, other blocks are cut at their blank lines (never inside nested code).
 
     The leading ``# <title>`` heading that curated files carry is dropped (the header has it).
     """
-    blocks: list[str] = []
-    current: list[str] = []
-    in_code = False
-    for line in body.splitlines():
-        if _FENCE.match(line):
-            current.append(line)
-            in_code = not in_code
-            if not in_code:
-                blocks.append("\n".join(current))
-                current = []
+    found: list[tuple[str, bool, bool]] = []  # (text, atomic, heading)
+    for block in markdown.parse_blocks(body):
+        if block.kind is BlockKind.heading:
+            found.append(("\n".join(line.strip() for line in block.lines), False, True))
             continue
-        if in_code:
-            current.append(line)
-            continue
-        if not line.strip() or _HEADING.match(line):
-            if current:
-                blocks.append("\n".join(current))
-                current = []
-            if line.strip():
-                blocks.append(line.strip())
-            continue
-        current.append(line)
-    if current:
-        blocks.append("\n".join(current))
-    blocks = [b.strip() for b in blocks if b.strip()]
-    if blocks and blocks[0].lstrip("# ").strip() == title.strip():
-        blocks = blocks[1:]
-    pieces: list[Piece] = []
-    for i, block in enumerate(blocks):
-        atomic = block.lstrip().startswith(("```", "~~~")) or bool(re.fullmatch(r"\S+", block))
-        pieces.append(Piece(block, f"body[{i}]", atomic=atomic,
-                            heading=bool(_HEADING.match(block))))
-    return pieces
+        for part in block.parts():
+            text = part.text.strip()
+            if text:
+                found.append((text, part.code, False))
+    if found and found[0][0].lstrip("# ").strip() == title.strip():
+        found = found[1:]
+    return [Piece(text, f"body[{i}]", atomic=atomic or bool(re.fullmatch(r"\S+", text)),
+                  heading=heading) for i, (text, atomic, heading) in enumerate(found)]
 
 
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")

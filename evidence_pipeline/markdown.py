@@ -1,0 +1,276 @@
+"""The one Markdown grammar of the pipeline: top-level blocks with exact line ranges.
+
+Authoring (the structural backend) and publishing (fragments) read notes and bodies through
+this module, so a fence, a heading or a table is the same thing everywhere. The grammar is
+CommonMark with GFM tables and a leading YAML front matter, as markdown-it-py parses it; every
+block carries the line range it comes from, and its ``lines`` are those source lines verbatim,
+so a slice of a block is always a slice of the text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from mdit_py_plugins.front_matter import front_matter_plugin
+
+# the line breaks markdown-it itself recognizes (its line maps count these)
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+_ITEM_MARKER = re.compile(r"^\s*(?:[-*+]|\d{1,9}[.)])(?:[ \t]+|$)")
+
+# fence languages that hold SQL (PostgreSQL dialect)
+SQL_LANGS = frozenset({"sql", "postgres", "postgresql", "pgsql", "psql"})
+
+
+class BlockKind(StrEnum):
+    front_matter = "front_matter"
+    heading = "heading"
+    fence = "fence"  # ``` or ~~~ fenced code
+    code = "code"  # indented code
+    table = "table"
+    list = "list"
+    quote = "quote"
+    html = "html"
+    rule = "rule"  # thematic break
+    paragraph = "paragraph"
+    definition = "definition"  # link reference definitions (markdown-it emits no token)
+
+
+# blocks whose lines are kept whole: never re-wrapped, never cut at a blank line
+VERBATIM = frozenset({BlockKind.front_matter, BlockKind.fence, BlockKind.code, BlockKind.html})
+# code blocks: never cut at all
+CODE = frozenset({BlockKind.fence, BlockKind.code})
+
+_KINDS = {
+    "front_matter": BlockKind.front_matter,
+    "heading_open": BlockKind.heading,
+    "fence": BlockKind.fence,
+    "code_block": BlockKind.code,
+    "table_open": BlockKind.table,
+    "bullet_list_open": BlockKind.list,
+    "ordered_list_open": BlockKind.list,
+    "blockquote_open": BlockKind.quote,
+    "html_block": BlockKind.html,
+    "hr": BlockKind.rule,
+    "paragraph_open": BlockKind.paragraph,
+}
+_NESTED_VERBATIM = {"fence": BlockKind.fence, "code_block": BlockKind.code,
+                    "html_block": BlockKind.html}
+
+
+@dataclass(frozen=True)
+class Span:
+    """A range of source lines, ``start`` inclusive, ``end`` exclusive (0-based)."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """One top-level block: its kind, its line range and those lines verbatim.
+
+    ``level`` and ``title`` are set for headings, ``info`` for fences (the info string as
+    written, e.g. ``sql``), ``closed`` is False for a fence that runs to the end of the text.
+    ``items`` are the line ranges of a list's items; ``verbatim`` the ranges of code and HTML
+    blocks nested inside a list or quote (``verbatim_kinds`` says which). ``rows`` are a table's
+    cells, the header row first, as GFM reads them (every row as wide as the header; an escaped
+    pipe is a pipe). Trailing blank lines belong to no block.
+    """
+
+    kind: BlockKind
+    start: int
+    end: int
+    lines: tuple[str, ...]
+    level: int = 0
+    title: str = ""
+    info: str = ""
+    closed: bool = True
+    items: tuple[Span, ...] = ()
+    verbatim: tuple[Span, ...] = ()
+    verbatim_kinds: tuple[BlockKind, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    @property
+    def lang(self) -> str:
+        """A fence's language: the first word of its info string, lower case."""
+        return self.info.split(maxsplit=1)[0].lower() if self.info.strip() else ""
+
+    @property
+    def is_sql(self) -> bool:
+        return self.kind is BlockKind.fence and self.lang in SQL_LANGS
+
+    @property
+    def content(self) -> tuple[str, ...]:
+        """A fence's content lines (verbatim, without the fence lines); other blocks: lines."""
+        if self.kind is not BlockKind.fence:
+            return self.lines
+        return self.lines[1:-1] if self.closed and len(self.lines) > 1 else self.lines[1:]
+
+    def item_lines(self) -> list[tuple[str, ...]]:
+        """The verbatim lines of each list item (empty for other blocks)."""
+        return [self.lines[s.start - self.start:s.end - self.start] for s in self.items]
+
+    def parts(self) -> list[Part]:
+        """The block cut at its blank lines, except inside nested code or HTML blocks.
+
+        A verbatim block (fence, indented code, HTML, front matter) is one part.
+        """
+        if self.kind in VERBATIM:
+            return [Part(self.lines, code=self.kind in CODE)]
+        keep = {n for s in self.verbatim for n in range(s.start, s.end)}
+        code = {n for s, k in zip(self.verbatim, self.verbatim_kinds, strict=True) if k in CODE
+                for n in range(s.start, s.end)}
+        out: list[Part] = []
+        current: list[int] = []
+        for n in [*range(self.start, self.end), -1]:
+            line = self.lines[n - self.start] if n >= 0 else ""
+            if n >= 0 and (not is_blank(line) or n in keep):
+                current.append(n)
+            elif current:
+                out.append(Part(tuple(self.lines[m - self.start] for m in current),
+                                code=any(m in code for m in current)))
+                current = []
+        return out
+
+
+@dataclass(frozen=True)
+class Part:
+    """Consecutive lines of a block; ``code`` when they hold (part of) a code block."""
+
+    lines: tuple[str, ...]
+    code: bool = False
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def split_lines(text: str) -> list[str]:
+    """The text's lines as the grammar counts them (``\\r\\n``, ``\\r`` and ``\\n`` end a line)."""
+    return _NEWLINE.split(text)
+
+
+def is_blank(line: str) -> bool:
+    """A blank line as Markdown sees it: nothing but spaces and tabs."""
+    return not line.strip(" \t")
+
+
+def item_text(line: str) -> str:
+    """A list item's first line without its marker (``- ``, ``* ``, ``1. ``, ``1) ``)."""
+    return _ITEM_MARKER.sub("", line, count=1)
+
+
+def is_item_start(line: str) -> bool:
+    return bool(_ITEM_MARKER.match(line))
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """The top-level blocks of a Markdown text, in order, with exact line ranges."""
+    lines = split_lines(text)
+    tokens = _parser().parse(text)
+    blocks: list[Block] = []
+    covered = 0
+    for n, tok in enumerate(tokens):
+        if tok.level != 0 or tok.nesting == -1 or tok.map is None:
+            continue
+        kind = _KINDS.get(tok.type)
+        if kind is None:  # pragma: no cover - every block rule of the preset is listed
+            continue
+        start, end = tok.map
+        if start > covered:
+            blocks.extend(_definitions(lines, covered, start))
+        blocks.append(_block(kind, tok, tokens, n, lines))
+        covered = max(covered, end)
+    if covered < len(lines):
+        blocks.extend(_definitions(lines, covered, len(lines)))
+    return blocks
+
+
+@cache
+def _parser() -> MarkdownIt:
+    return MarkdownIt("commonmark").enable("table").use(front_matter_plugin)
+
+
+def _block(kind: BlockKind, tok: Token, tokens: list[Token], n: int,
+           lines: list[str]) -> Block:
+    assert tok.map is not None
+    start, end = tok.map
+    end = _trim(lines, start, end)
+    body = tuple(lines[start:end])
+    if kind is BlockKind.heading:
+        inline = tokens[n + 1]
+        return Block(kind, start, end, body, level=int(tok.tag[1]), title=inline.content.strip())
+    if kind is BlockKind.fence:
+        return Block(kind, start, end, body, info=tok.info.strip(),
+                     closed=_fence_closed(tok, end - start))
+    if kind in {BlockKind.list, BlockKind.quote}:
+        close = _closing(tokens, n)
+        items: list[Span] = []
+        nested: list[Span] = []
+        nested_kinds: list[BlockKind] = []
+        for inner in tokens[n + 1:close]:
+            if inner.map is None:
+                continue
+            if inner.type == "list_item_open" and inner.level == 1:
+                items.append(Span(inner.map[0], _trim(lines, *inner.map)))
+            elif inner.type in _NESTED_VERBATIM:
+                nested.append(Span(inner.map[0], _trim(lines, *inner.map)))
+                nested_kinds.append(_NESTED_VERBATIM[inner.type])
+        return Block(kind, start, end, body, items=tuple(items), verbatim=tuple(nested),
+                     verbatim_kinds=tuple(nested_kinds))
+    if kind is BlockKind.table:
+        rows: list[tuple[str, ...]] = []
+        for inner in tokens[n + 1:_closing(tokens, n)]:
+            if inner.type == "tr_open":
+                rows.append(())
+            elif inner.type == "inline" and rows:
+                rows[-1] = (*rows[-1], inner.content.strip())
+        return Block(kind, start, end, body, rows=tuple(rows))
+    return Block(kind, start, end, body)
+
+
+def _fence_closed(tok: Token, n_lines: int) -> bool:
+    # content lines + the opening line; one line more is the closing fence
+    return n_lines >= tok.content.count("\n") + 2
+
+
+def _closing(tokens: list[Token], n: int) -> int:
+    depth = 0
+    for m in range(n, len(tokens)):
+        depth += tokens[m].nesting
+        if depth == 0:
+            return m
+    return len(tokens)  # pragma: no cover - markdown-it always closes what it opens
+
+
+def _trim(lines: list[str], start: int, end: int) -> int:
+    """``end`` moved back over trailing blank lines (never before ``start + 1``)."""
+    end = min(end, len(lines))
+    while end > start + 1 and is_blank(lines[end - 1]):
+        end -= 1
+    return end
+
+
+def _definitions(lines: list[str], start: int, end: int) -> list[Block]:
+    """Non-blank lines no token covers (link reference definitions), one block per run."""
+    out: list[Block] = []
+    n = start
+    while n < end:
+        if is_blank(lines[n]):
+            n += 1
+            continue
+        m = n
+        while m < end and not is_blank(lines[m]):
+            m += 1
+        out.append(Block(BlockKind.definition, n, m, tuple(lines[n:m])))
+        n = m
+    return out

@@ -1,0 +1,104 @@
+"""One Markdown grammar (issue 13): a fence, a heading, a table is the same thing to the
+normalizer, the structural backend, the fragment cutter and the legacy formula reader."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from evidence_pipeline import markdown
+from evidence_pipeline.authoring.backends.base import ModelRequest
+from evidence_pipeline.authoring.backends.structural import StructuralBackend
+from evidence_pipeline.authoring.formulas import parse_legacy
+from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.markdown import BlockKind
+from evidence_pipeline.publishing.fragments import body_pieces
+
+# a fence holding a line that would close a fence of the other kind (or a shorter one)
+NESTED_FENCES = [
+    pytest.param("```sql", "~~~", "```", id="tilde-inside-backticks"),
+    pytest.param("~~~sql", "```", "~~~", id="backticks-inside-tildes"),
+    pytest.param("````sql", "```", "````", id="short-inside-long"),
+]
+
+
+def note(opening: str, inner: str, closing: str) -> str:
+    return (f"# Durata della degenza\n\n{opening}\nSELECT count(*)\n{inner}\n"
+            f"FROM clinical.episode\n{closing}\n\nIl blocco sopra resta intero.\n")
+
+
+def request(text: str) -> ModelRequest:
+    return ModelRequest(source_file="source/nota.md",
+                        source_sha256="sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+                        normalized_text=normalize_text(text), language="it")
+
+
+@pytest.mark.parametrize(("opening", "inner", "closing"), NESTED_FENCES)
+def test_a_fence_inside_a_fence_of_another_kind_is_content_everywhere(
+        opening: str, inner: str, closing: str) -> None:
+    text = note(opening, inner, closing)
+    content = f"SELECT count(*)\n{inner}\nFROM clinical.episode"
+
+    # the grammar: one fence, then the paragraph after it
+    kinds = [(b.kind, b.lang) for b in markdown.parse_blocks(text)]
+    assert kinds == [(BlockKind.heading, ""), (BlockKind.fence, "sql"),
+                     (BlockKind.paragraph, "")]
+    fence = markdown.parse_blocks(text)[1]
+    assert "\n".join(fence.content) == content and fence.closed
+
+    # normalization keeps the block a block: same content, closed where it was closed
+    normalized = normalize_text(text)
+    assert normalize_text(normalized) == normalized
+    blocks = markdown.parse_blocks(normalized)
+    assert [b.kind for b in blocks] == [BlockKind.heading, BlockKind.fence, BlockKind.paragraph]
+    assert "\n".join(blocks[1].content) == content
+
+    # fragments: the whole block is one atomic piece; the paragraph is its own piece
+    pieces = body_pieces(text, "Durata della degenza")
+    assert [(p.text, p.atomic) for p in pieces] == [
+        (f"{opening}\n{content}\n{closing}", True), ("Il blocco sopra resta intero.", False)]
+
+    # the structural backend: the block is one SQL anchor, quoted and carried whole
+    req = request(text)
+    reply = StructuralBackend().restructure(req)
+    assert len(reply.units) == 1
+    unit = reply.units[0]
+    assert blocks[1].text in unit.body
+    assert content in unit.data["supporting_excerpts"]
+    assert all(excerpt_in_source(e, req.normalized_text)
+               for e in unit.data["supporting_excerpts"])
+
+    # the legacy formula reader (which also wants its input columns named)
+    legacy = text + "\nColonne: clinical.episode.episode_id\n"
+    assert parse_legacy(legacy, shown="legacy/nota.sql.md").sql == content
+
+
+def test_headings_tables_and_html_are_read_by_the_grammar() -> None:
+    text = ("Titolo setext\n=============\n\n  ## Indentata ##\n\n"
+            "a | b\n--|--\n1 | uno \\| due\n\n<div>\n<p>html</p>\n</div>\n\n"
+            "[rif]: https://example.org\n\n---\n\n    codice indentato\n")
+    blocks = markdown.parse_blocks(text)
+    assert [(b.kind, b.level, b.title) for b in blocks] == [
+        (BlockKind.heading, 1, "Titolo setext"), (BlockKind.heading, 2, "Indentata"),
+        (BlockKind.table, 0, ""), (BlockKind.html, 0, ""), (BlockKind.definition, 0, ""),
+        (BlockKind.rule, 0, ""), (BlockKind.code, 0, "")]
+    assert blocks[2].rows == (("a", "b"), ("1", "uno | due"))
+    assert blocks[3].lines == ("<div>", "<p>html</p>", "</div>")
+
+
+def test_a_loose_list_is_one_list_and_its_parts_keep_nested_code_whole() -> None:
+    text = ("- primo passo:\n\n  ```sql\n  SELECT 1\n\n  UNION ALL SELECT 2\n  ```\n\n"
+            "- secondo passo\n  continua qui\n")
+    (block,) = markdown.parse_blocks(text)
+    assert block.kind is BlockKind.list
+    assert [lines[0] for lines in block.item_lines()] == ["- primo passo:", "- secondo passo"]
+    parts = block.parts()
+    assert [p.code for p in parts] == [False, True, False]
+    assert parts[1].text == "  ```sql\n  SELECT 1\n\n  UNION ALL SELECT 2\n  ```"
+
+
+def test_an_empty_code_block_makes_no_unit() -> None:
+    assert StructuralBackend().restructure(request("```\n")).units == ()
+    reply = StructuralBackend().restructure(request("# Titolo\n\n```sql\n```\n\nTesto.\n"))
+    assert [u.data["supporting_excerpts"] for u in reply.units] == [["Testo."]]
