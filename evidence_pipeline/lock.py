@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from evidence_pipeline.state import ensure_state_dir
 from evidence_runtime.errors import EvidenceError
 
 
@@ -22,7 +23,7 @@ class WorkspaceBusyError(EvidenceError):
 @contextmanager
 def workspace_lock(state_dir: Path, *, what: str) -> Iterator[None]:
     """Hold the workspace's authoring lock or refuse at once with a clear message."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_state_dir(state_dir)
     path = state_dir / "authoring.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

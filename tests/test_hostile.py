@@ -12,10 +12,12 @@ The last test prints the suite summary: scenarios tried, passed, bytes of data l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
+import subprocess
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -1276,6 +1278,121 @@ def test_reference_url_with_a_bad_scheme(ws: Path, scenario, use_backend, url: s
     with scenario("reference URL"):
         problem(prepare_refused(ws), codes, path=REFERENCE, evidence_id="evidence:linee-guida",
                 field="reference.url")
+
+
+# ---------------------------------------------------------------------------------------------
+# The local state directory (issue 14, items 8 and 12): unwritable, or untracked in Git
+# ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def unwritable(directory: Path) -> Iterator[str]:
+    """Make ``directory`` really unwritable for this process, or skip; yields how.
+
+    Permission bits bind an ordinary user (``chmod 0555``) but not root, who ignores them: as
+    root the directory gets the immutable attribute instead (``chattr +i``), which binds root
+    too. Where neither works (no CAP_LINUX_IMMUTABLE, a file system without the attribute) the
+    test is skipped; either way creating a file there is tried first and must fail.
+    """
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        how, undo = "chmod 0555", functools.partial(directory.chmod, 0o755)
+    else:
+        chattr = shutil.which("chattr")
+        if chattr is None or subprocess.run([chattr, "+i", str(directory)],
+                                            capture_output=True).returncode != 0:
+            pytest.skip("running as root, which ignores chmod, and chattr +i is not available")
+        how = "chattr +i"
+        undo = functools.partial(subprocess.run, [chattr, "-i", str(directory)], check=True)
+    try:
+        probe = directory / "probe"
+        try:
+            probe.touch()
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            pytest.skip(f"{how} did not make {directory} read-only for this process")
+        yield how
+    finally:
+        undo()
+
+
+STATE_COMMANDS = {
+    "prepare": ("evidence", "prepare"),
+    "preprocess": ("workspace", "preprocess", "evidence"),
+}
+
+
+def _state_read_only(ws: Path) -> contextlib.AbstractContextManager[str]:
+    (ws / ".tht").mkdir()
+    return unwritable(ws / ".tht")
+
+
+def _state_read_only_ignored(ws: Path) -> contextlib.AbstractContextManager[str]:
+    """Made by this version (its .gitignore is there), later made read-only."""
+    (ws / ".tht").mkdir()
+    (ws / ".tht" / ".gitignore").write_text("*\n", encoding="utf-8")
+    return unwritable(ws / ".tht")
+
+
+def _state_is_a_file(ws: Path) -> contextlib.AbstractContextManager[str]:
+    (ws / ".tht").write_text("not a directory\n", encoding="utf-8")
+    with (ws / ".git" / "info" / "exclude").open("a", encoding="utf-8") as f:
+        f.write(".tht\n")  # the template ignores the directory .tht/, not a file
+    return contextlib.nullcontext("a file")
+
+
+@pytest.mark.parametrize("make", [_state_read_only, _state_read_only_ignored, _state_is_a_file],
+                         ids=["read-only", "read-only-with-gitignore", "a-file"])
+@pytest.mark.parametrize("command", list(STATE_COMMANDS))
+def test_unwritable_state_directory_is_one_clear_error(ws: Path, scenario, use_backend,
+                                                       command: str, make) -> None:
+    """Exit 2 and one line naming the path, with and without --json; no traceback."""
+    use_backend(ScriptedBackend(never_called))
+    args = (*STATE_COMMANDS[command], str(ws))
+    with make(ws), scenario("state directory"):
+        for extra in ((), ("--json",)):
+            line = command_error(*args, *extra)
+            assert str(ws / ".tht") in line, line
+
+
+def test_state_directory_ignores_itself(ws: Path, scenario, use_backend) -> None:
+    """Without a .gitignore in the workspace, the state never shows as an uncommitted change:
+    activate and prepare --upgrade, which need a clean tree, run after prepare."""
+    (ws / ".gitignore").unlink()
+    commit(ws, "no .gitignore")
+    use_backend(ScriptedBackend(first_replies()))
+    with scenario("state directory", writes_allowed=True):
+        r = tht("evidence", "prepare", str(ws), "--json")
+        assert r.exit_code == 0, r.output
+        assert (ws / ".tht" / ".gitignore").read_text(encoding="utf-8").splitlines()[-1] == "*"
+        assert git_status(ws) == ""
+        r = tht("workspace", "activate", str(ws), "--json")
+        assert r.exit_code == 0, r.output
+        r = tht("evidence", "prepare", str(ws), "--upgrade", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["status"] in {"applied", "unchanged"}, r.stdout
+
+
+def test_state_directory_elsewhere_ignores_itself(ws: Path, scenario, monkeypatch) -> None:
+    """THT_STATE_DIR inside the workspace (a new directory) ignores itself too; an existing
+    directory that THT_STATE_DIR names gets no .gitignore (its files are not ours)."""
+    (ws / ".gitignore").unlink()
+    commit(ws, "no .gitignore")
+    monkeypatch.setenv("THT_STATE_DIR", str(ws / "stato" / "locale"))
+    with scenario("state directory", writes_allowed=True):
+        for _ in range(2):  # the second one needs a clean tree after the first
+            r = tht("workspace", "activate", str(ws), "--json")
+            assert r.exit_code == 0, r.output
+        assert git_status(ws) == ""
+        assert (ws / "stato" / "locale" / ".gitignore").is_file()
+    theirs = ws.parent / "theirs"
+    theirs.mkdir()
+    monkeypatch.setenv("THT_STATE_DIR", str(theirs))
+    assert tht("workspace", "activate", str(ws), "--json").exit_code == 0
+    assert not (theirs / ".gitignore").exists()
+    assert (theirs / "registry.sqlite3").is_file()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from evidence_pipeline.publishing.evaluate import (
     evaluate,
 )
 from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
+from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
 from evidence_pipeline.validation.validator import validate_evidence_dir
@@ -123,7 +124,7 @@ def _step(name: str) -> None:
 
 def open_registry(ws: Workspace) -> Registry:
     try:
-        ws.state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(ws.state_dir)
     except OSError as exc:  # e.g. a read-only or full disk: one clear line, not a traceback
         raise RegistryError(f"cannot create the state directory: {exc.strerror}",
                             path=str(ws.state_dir)) from None
@@ -148,7 +149,7 @@ def publish_lock(ws: Workspace) -> Iterator[None]:
     exclusive anyway; a Qdrant server is not).
     """
     try:
-        ws.state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir(ws.state_dir)
     except OSError as exc:
         raise PublishError(f"cannot create the state directory: {exc.strerror}",
                            path=str(ws.state_dir)) from None

@@ -1,0 +1,47 @@
+"""The local state directory (``.tht/`` or ``$THT_STATE_DIR``): created ignored by Git, and a
+typed error naming it when it cannot be written.
+
+Its ``.gitignore`` holds ``*``, as pytest and ruff do for their caches: a workspace without a
+``.gitignore`` of its own then never shows the state as uncommitted changes, which ``activate``
+and ``prepare --upgrade`` would refuse.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from evidence_runtime.errors import EvidenceError
+
+STATE_DIR_NAME = ".tht"
+GITIGNORE = "# Created by thoth-evidence: local state, never committed.\n*\n"
+
+
+class StateDirError(EvidenceError):
+    """The state directory cannot be created or written (read-only, a file in its place, …)."""
+
+    code = "state_dir_unwritable"
+
+
+def ensure_state_dir(path: Path) -> None:
+    """Create the state directory (and its parents) if missing, with a ``.gitignore`` of ``*``;
+    :class:`StateDirError` naming it when that fails.
+
+    The ``.gitignore`` is written in a directory created here, or in one named ``.tht`` (made by
+    an older version); never in an existing directory that ``THT_STATE_DIR`` names, whose other
+    files are not ours.
+    """
+    try:
+        created = not path.is_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        ignore = path / ".gitignore"
+        if (created or path.name == STATE_DIR_NAME) and not os.path.lexists(ignore):
+            # written under a private name, then renamed: a kill never leaves an empty
+            # .gitignore (which would ignore nothing, and be kept)
+            tmp = path / f".gitignore.{os.getpid()}.tmp"
+            tmp.write_text(GITIGNORE, encoding="utf-8")
+            os.replace(tmp, ignore)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise StateDirError(f"cannot write the local state directory ({why}); make it a "
+                            "writable directory, or set THT_STATE_DIR", path=str(path)) from None
