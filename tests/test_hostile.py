@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,8 @@ from evidence_pipeline.authoring.backends.base import (
     RetirementProposal,
     parse_reply,
 )
+from evidence_pipeline.authoring.backends.openai import OpenAIBackend
+from evidence_pipeline.authoring.backends.pi import PiBackend, PiSettings
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.authoring.sources import (
     MAX_LINE_CHARS,
@@ -49,6 +53,10 @@ from evidence_runtime.curated import MAX_CURATED_BYTES, dump_curated, read_curat
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import dump_rt, load_rt
 from tests.conftest import Outcome, print_fault_summary
+from tests.fakes.openai_server import FakeOpenAIServer
+
+# the Pi CLI's stand-in (the model boundary of the pi backend)
+FAKE_PI = Path(__file__).parent / "fakes" / "fake_pi.py"
 
 pytestmark = pytest.mark.faults
 
@@ -1393,6 +1401,78 @@ def test_state_directory_elsewhere_ignores_itself(ws: Path, scenario, monkeypatc
     assert tht("workspace", "activate", str(ws), "--json").exit_code == 0
     assert not (theirs / ".gitignore").exists()
     assert (theirs / "registry.sqlite3").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# The model boundary (issue 14, items 9 and 11): a wall-clock deadline, and text that is text
+# ---------------------------------------------------------------------------------------------
+
+DEADLINE_S = 1.0
+MARGIN_S = 3.0  # prepare's own work around the call (intake, planning), on a loaded machine
+DRIP_S = 0.1  # one byte every 0.1 s: the ~700-byte answer would take over a minute
+
+
+@pytest.fixture
+def openai_endpoint() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def fake_pi(tmp_path_factory: pytest.TempPathFactory,
+            monkeypatch: pytest.MonkeyPatch) -> Callable[..., PiBackend]:
+    """A Pi backend that runs tests/fakes/fake_pi.py, scripted by keyword arguments. Its files
+    live outside the scenario's snapshot."""
+    home = tmp_path_factory.mktemp("fake-pi")
+    command = home / "pi"
+    command.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_PI}" "$@"\n',
+                       encoding="utf-8")
+    command.chmod(0o755)
+    monkeypatch.setenv("FAKE_PI_SCRIPT", str(home / "script.json"))
+    monkeypatch.setenv("FAKE_PI_RECORD", str(home / "record.json"))
+
+    def backend(*, timeout_s: float = 30, **script: Any) -> PiBackend:
+        (home / "script.json").write_text(json.dumps(script), encoding="utf-8")
+        return PiBackend(PiSettings(command=str(command), timeout_s=timeout_s))
+
+    return backend
+
+
+def completion(content: str) -> bytes:
+    """The body of a chat completion whose message content is ``content`` (UTF-8, unescaped)."""
+    return json.dumps({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
+                       "model": "fake", "choices": [{"index": 0, "finish_reason": "stop",
+                       "message": {"role": "assistant", "content": content}}]},
+                      ensure_ascii=False).encode("utf-8")
+
+
+def refused_in_time(ws: Path, code: str) -> float:
+    """prepare refused with ``code`` for the touched source; the seconds it took."""
+    started = time.monotonic()
+    problems = prepare_refused(ws)
+    elapsed = time.monotonic() - started
+    problem(problems, code)
+    return elapsed
+
+
+def test_openai_endpoint_dripping_its_answer_hits_the_deadline(ws: Path, scenario, use_backend,
+                                                               openai_endpoint) -> None:
+    touch_source(ws)
+    openai_endpoint.add(raw_body=completion(raw_reply(raw_unit())), drip_s=DRIP_S)
+    use_backend(OpenAIBackend(base_url=openai_endpoint.url, model="m", timeout_s=DEADLINE_S))
+    with scenario("model deadline"):
+        elapsed = refused_in_time(ws, "model_timeout")
+    assert elapsed < DEADLINE_S + MARGIN_S, elapsed
+
+
+def test_pi_dripping_its_output_hits_the_deadline(ws: Path, scenario, use_backend,
+                                                  fake_pi) -> None:
+    touch_source(ws)
+    use_backend(fake_pi(mode="drip", stdout=raw_reply(raw_unit()), drip_s=DRIP_S,
+                        timeout_s=DEADLINE_S))
+    with scenario("model deadline"):
+        elapsed = refused_in_time(ws, "model_timeout")
+    assert elapsed < DEADLINE_S + MARGIN_S, elapsed
 
 
 # ---------------------------------------------------------------------------------------------

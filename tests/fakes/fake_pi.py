@@ -1,10 +1,12 @@
 """A stand-in for the Pi CLI, run by the real subprocess code of the ``pi`` backend.
 
-Scripted by the JSON file named in ``FAKE_PI_SCRIPT``: ``{"mode": "reply", "stdout": "..."}``,
-``{"mode": "fail", "stderr": "...", "exit": 3}`` or ``{"mode": "hang"}`` (starts a child that
-sleeps too, then sleeps: both must be killed by the wall clock). Every run records its argv,
-working directory and what it holds, its settings file, process ids and the prompt it read on
-stdin into the JSON file named in ``FAKE_PI_RECORD``.
+Scripted by the JSON file named in ``FAKE_PI_SCRIPT``: ``{"mode": "reply", "stdout": "..."}``
+(or ``"stdout_hex"`` for bytes that are not UTF-8), ``{"mode": "fail", "stderr": "...",
+"exit": 3}``, ``{"mode": "hang"}`` (starts a child that sleeps too, then sleeps: both must be
+killed by the wall clock) or ``{"mode": "drip", "stdout": "...", "drip_s": 0.1}`` (writes its
+reply one byte every ``drip_s`` seconds: output keeps coming, the call must still end). Every
+run records its argv, working directory and what it holds, its settings file, process ids and
+the prompt it read on stdin into the JSON file named in ``FAKE_PI_RECORD``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ def main() -> int:
     if mode == "fail":
         sys.stderr.write(script.get("stderr", "fake pi failed"))
         return int(script.get("exit", 3))
-    sys.stdout.write(script["stdout"])
+    out = bytes.fromhex(script["stdout_hex"]) if "stdout_hex" in script \
+        else script["stdout"].encode("utf-8")
+    if mode == "drip":
+        for i in range(len(out)):
+            sys.stdout.buffer.write(out[i:i + 1])
+            sys.stdout.buffer.flush()
+            time.sleep(script["drip_s"])
+        return 0
+    sys.stdout.buffer.write(out)
     return 0
 
 

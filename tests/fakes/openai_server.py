@@ -1,8 +1,9 @@
 """A local OpenAI-compatible ``/v1/chat/completions`` endpoint that answers from a script.
 
 Stdlib only: ``http.server`` in a thread on 127.0.0.1 with an ephemeral port. Each request takes
-the next scripted answer (a chat-completion message content, a raw body, an HTTP status, a delay)
-and is recorded, body and headers, for the test to inspect.
+the next scripted answer (a chat-completion message content, a raw body as text or bytes, an HTTP
+status, a delay, or a response dripped one byte at a time) and is recorded, body and headers, for
+the test to inspect.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any
 class Scripted:
     content: str | None = None  # the assistant message content of a 200 chat completion
     status: int = 200
-    raw_body: str | None = None  # sent as is instead of a chat completion
+    raw_body: str | bytes | None = None  # sent as is instead of a chat completion
     delay_s: float = 0.0  # sleep before answering (a hang, when longer than the client timeout)
     finish_reason: str = "stop"
+    drip_s: float = 0.0  # write the whole response, status line and headers first, one byte
+    # every drip_s seconds: each read is quick, the exchange is not
 
 
 @dataclass
@@ -57,12 +60,12 @@ class FakeOpenAIServer:
                 if answer.delay_s and server._stop.wait(answer.delay_s):
                     return  # server closing: drop the connection
                 if answer.raw_body is not None:
-                    self._send(answer.status, answer.raw_body)
+                    self._send(answer.status, answer.raw_body, drip_s=answer.drip_s)
                     return
                 if body.get("stream") and answer.status == 200:
                     self._stream(body, answer)
                     return
-                self._send(answer.status, json.dumps({
+                self._send(answer.status, drip_s=answer.drip_s, text=json.dumps({
                     "id": "chatcmpl-fake",
                     "object": "chat.completion",
                     "created": 0,
@@ -72,8 +75,11 @@ class FakeOpenAIServer:
                     "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
                 }))
 
-            def _send(self, status: int, text: str) -> None:
-                data = text.encode("utf-8")
+            def _send(self, status: int, text: str | bytes, *, drip_s: float = 0.0) -> None:
+                data = text.encode("utf-8") if isinstance(text, str) else text
+                if drip_s:
+                    self._drip(status, data, drip_s)
+                    return
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -81,6 +87,19 @@ class FakeOpenAIServer:
                     self.end_headers()
                     self.wfile.write(data)
                 except OSError:  # the client gave up (timeout): nothing to answer to
+                    pass
+
+            def _drip(self, status: int, data: bytes, drip_s: float) -> None:
+                head = (f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(data)}\r\n\r\n").encode("ascii")
+                whole = head + data
+                try:
+                    for i in range(len(whole)):
+                        self.wfile.write(whole[i:i + 1])
+                        self.wfile.flush()
+                        if server._stop.wait(drip_s):
+                            return  # server closing
+                except OSError:  # the client gave up
                     pass
 
             def _stream(self, body: dict[str, Any], answer: Scripted) -> None:

@@ -1,14 +1,15 @@
 """The ``openai`` backend: any OpenAI-compatible ``/chat/completions`` endpoint, via httpx.
 
 llama.cpp's server, Ollama, vLLM or a hosted service: JSON-schema-constrained output
-(``response_format``), temperature 0, one request, no retries, a timeout.
+(``response_format``), temperature 0, one request, no retries, a wall-clock timeout over the
+whole exchange.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +53,7 @@ class OpenAIBackend:
 
     def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_tokens: int | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"model base_url {base_url!r} is not an http(s) URL",
                               field="model.base_url")
@@ -105,30 +106,11 @@ class OpenAIBackend:
 
     def restructure(self, request: ModelRequest) -> ModelReply:
         path = request.source_file
-        headers = {"Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        deadline = time.monotonic() + self.timeout_s
-        chunks: list[bytes] = []
         try:
-            with httpx.Client(timeout=httpx.Timeout(self.timeout_s),
-                              transport=self._transport) as client, \
-                    client.stream("POST", self.url, json=self.request_body(request),
-                                  headers=headers) as response:
-                size = 0
-                for chunk in response.iter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise ModelBackendError(
-                            f"the endpoint answered more than {MAX_RESPONSE_BYTES} bytes",
-                            code="model_invalid_output", path=path)
-                    if time.monotonic() > deadline:
-                        raise httpx.ReadTimeout("wall-clock timeout")
-                status = response.status_code
-        except httpx.TimeoutException:
+            status, data = asyncio.run(self._post(request))
+        except (TimeoutError, httpx.TimeoutException):
             raise ModelBackendError(
-                f"no answer from {self.url} within {self.timeout_s:g} s",
+                f"no complete answer from {self.url} within {self.timeout_s:g} s (wall clock)",
                 code="model_timeout", path=path) from None
         except httpx.ConnectError as exc:
             raise ModelBackendError(f"cannot reach {self.url}: {exc}",
@@ -136,11 +118,35 @@ class OpenAIBackend:
         except httpx.HTTPError as exc:
             raise ModelBackendError(f"request to {self.url} failed: {exc}",
                                     code="model_http_error", path=path) from None
-        text = b"".join(chunks).decode("utf-8", errors="replace")
         if status >= 400:
+            text = data.decode("utf-8", errors="replace")  # only shown, in the error
             raise ModelBackendError(f"{self.url} answered HTTP {status}: {bounded(text, 500)}",
                                     code="model_http_error", path=path)
+        text = data.decode("utf-8", errors="replace")
         return parse_reply(_completion_content(text, path), request)
+
+    async def _post(self, request: ModelRequest) -> tuple[int, bytes]:
+        """One request; the status and the body. ``timeout_s`` bounds the whole exchange
+        (connect, headers, body): httpx's own timeouts bound each read, and an endpoint that
+        drips its headers or body byte by byte never trips them."""
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        chunks: list[bytes] = []
+        size = 0
+        async with asyncio.timeout(self.timeout_s), \
+                httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                  transport=self._transport) as client, \
+                client.stream("POST", self.url, json=self.request_body(request),
+                              headers=headers) as response:
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise ModelBackendError(
+                        f"the endpoint answered more than {MAX_RESPONSE_BYTES} bytes",
+                        code="model_invalid_output", path=request.source_file)
+            return response.status_code, b"".join(chunks)
 
 
 def _completion_content(text: str, path: str) -> str:
