@@ -1475,6 +1475,121 @@ def test_pi_dripping_its_output_hits_the_deadline(ws: Path, scenario, use_backen
     assert elapsed < DEADLINE_S + MARGIN_S, elapsed
 
 
+MARK = "Età inferiore a 18 anni."
+# what reaches us for the unit's body: bytes that are not UTF-8, a replacement character that a
+# server or Pi put in their place, a JSON escape of a lone surrogate
+BAD_TEXT: dict[str, Callable[[bytes], bytes]] = {
+    "invalid-utf8": lambda raw: raw.replace(b"inferiore", b"inferi\xf2re"),
+    "truncated-sequence": lambda raw: raw.replace(MARK.encode(), b"Et\xc3 inferiore a 18 anni."),
+    "replacement-character": lambda raw: raw.replace("Età".encode(), "Et\ufffd".encode()),
+    "lone-surrogate-escape": lambda raw: raw.replace("Età".encode(), b"Et\\\\udce0"),
+}
+
+
+def marked_reply() -> str:
+    """A valid raw reply holding MARK in a field and the body, as UTF-8 (not JSON escapes)."""
+    unit = raw_unit(body=MARK, glossary={"term": "fascia pediatrica", "definition": MARK})
+    return json.dumps({"units": [unit], "retirement_candidates": []}, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("damage", list(BAD_TEXT.values()), ids=list(BAD_TEXT))
+def test_openai_reply_that_is_not_utf8_is_refused(ws: Path, scenario, use_backend,
+                                                  openai_endpoint, damage) -> None:
+    touch_source(ws)
+    body = completion(marked_reply())
+    bad = damage(body)
+    assert bad != body
+    openai_endpoint.add(raw_body=bad)
+    use_backend(OpenAIBackend(base_url=openai_endpoint.url, model="m", timeout_s=10))
+    with scenario("model reply text"):
+        refused_in_time(ws, "model_invalid_output")
+
+
+@pytest.mark.parametrize("damage", list(BAD_TEXT.values()), ids=list(BAD_TEXT))
+def test_pi_reply_that_is_not_utf8_is_refused(ws: Path, scenario, use_backend, fake_pi,
+                                              damage) -> None:
+    touch_source(ws)
+    raw = marked_reply().encode("utf-8")
+    # in pi's stdout the reply is the JSON itself: one backslash less than inside a completion
+    bad = damage(raw).replace(b"\\\\udce0", b"\\udce0")
+    assert bad != raw
+    use_backend(fake_pi(mode="reply", stdout_hex=bad.hex()))
+    with scenario("model reply text"):
+        refused_in_time(ws, "model_invalid_output")
+
+
+def test_intact_reply_is_accepted_by_both_backends(ws: Path, use_backend, openai_endpoint,
+                                                   fake_pi) -> None:
+    """The replies above differ from this one only by the damage: it is written as sent."""
+    touch_source(ws)
+    openai_endpoint.add(raw_body=completion(marked_reply()))
+    for backend in (OpenAIBackend(base_url=openai_endpoint.url, model="m", timeout_s=10),
+                    fake_pi(mode="reply", stdout=marked_reply())):
+        use_backend(backend)
+        r = tht("evidence", "prepare", str(ws), "--json")
+        assert r.exit_code == 0, r.output
+        written = [ws / rel for rel in json.loads(r.stdout)["written"]]
+        assert any(MARK in f.read_text(encoding="utf-8") for f in written), written
+        git(ws, "reset", "-q", "--hard")
+        git(ws, "clean", "-q", "-fd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Supporting excerpts too short to check (issue 14, item 11)
+# ---------------------------------------------------------------------------------------------
+
+# each is in the source, and locates nothing
+SHORT_EXCERPTS = {"one-character": "8", "one-word": "anni", "two-words": "18 anni",
+                  "punctuation": " . "}
+
+
+@pytest.mark.parametrize("where", ["model-reply", "curated-file"])
+@pytest.mark.parametrize("excerpt", list(SHORT_EXCERPTS.values()), ids=list(SHORT_EXCERPTS))
+def test_short_excerpt_is_refused(ws: Path, scenario, use_backend, excerpt: str,
+                                  where: str) -> None:
+    """prepare (the model's reply) and validate (a curated file) apply the same minimum."""
+    if where == "model-reply":
+        touch_source(ws)
+        use_backend(ScriptedBackend({"source/paziente.md": ModelReply(
+            units=(glossary_unit(excerpt),))}))
+        refused = prepare_refused
+    else:
+        edit_front(ws, GLOSSARY, lambda d: d["provenance"]["supporting_excerpts"].__setitem__(
+            0, excerpt))
+        refused = validate_refused
+    with scenario("short excerpt"):
+        problem(refused(ws), "excerpt_too_short", path=GLOSSARY,
+                evidence_id="evidence:fascia-pediatrica",
+                field="provenance.supporting_excerpts[0]")
+
+
+def test_short_whole_line_is_a_checkable_excerpt(ws: Path, use_backend) -> None:
+    """A short table row or code line, whole, locates a statement: it is accepted; the same
+    characters inside a longer line, or a line of one letter, are not."""
+    src = ws / "evidence/source/ricovero.md"
+    src.write_text(RICOVERO + "\n| M | F |\n|---|---|\n| 1 | 2 |\n\nX\n", encoding="utf-8")
+    commit(ws)
+
+    def enum_with(excerpts: list[str]) -> ModelReply:
+        return ModelReply(units=(
+            proposed("glossary", "Ricovero", {"term": "ricovero", "synonyms": [],
+                                              "definition": "Periodo di degenza."},
+                     [RICOVERO_EXCERPT], uid="evidence:ricovero", purposes=("disambiguation",)),
+            proposed("enum", "Codici", {"column": "clinical.patient.sex_code",
+                                        "values": {"M": "maschio", "F": "femmina"}}, excerpts)))
+
+    backend = ScriptedBackend({"source/ricovero.md": enum_with(["| M | F |", "| 1 | 2 |"])})
+    use_backend(backend)
+    r = tht("evidence", "prepare", str(ws), "--json")
+    assert r.exit_code == 0, r.output
+    commit(ws)
+    assert validate_workspace(ws).problems == []
+    backend.script = {"source/ricovero.md": enum_with(["M | F", "X"])}
+    touch_source(ws, "evidence/source/ricovero.md")
+    fields = {p["field"] for p in prepare_refused(ws) if p["code"] == "excerpt_too_short"}
+    assert fields == {"provenance.supporting_excerpts[0]", "provenance.supporting_excerpts[1]"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Summary (keep last)
 # ---------------------------------------------------------------------------------------------

@@ -114,15 +114,17 @@ def find_credentials(text: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+def walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in nested data, with its dotted field path (mapping keys too, below the
+    top level)."""
     if isinstance(value, dict):
         for k, v in value.items():
             if prefix:  # a key is text too (an enum code)
                 yield prefix, str(k)
-            yield from _walk_strings(v, f"{prefix}.{k}" if prefix else str(k))
+            yield from walk_strings(v, f"{prefix}.{k}" if prefix else str(k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from _walk_strings(v, f"{prefix}[{i}]")
+            yield from walk_strings(v, f"{prefix}[{i}]")
     elif isinstance(value, str):
         yield prefix, value
 
@@ -133,7 +135,7 @@ def credential_problems(data: Any, body: str, *, path: str | None,
     front matter text as read too, for what is in no field (a YAML comment)."""
     out = []
     found: set[str] = set()
-    for field_path, text in [*_walk_strings(data), ("body", body)]:
+    for field_path, text in [*walk_strings(data), ("body", body)]:
         for name in find_credentials(text):
             found.add(name)
             out.append(Problem("credentials_found", Severity.error, path, evidence_id,

@@ -29,6 +29,7 @@ from evidence_pipeline.validation.credentials import (
 from evidence_pipeline.validation.credentials import (
     find_credentials as find_credentials,
 )
+from evidence_pipeline.validation.excerpts import excerpt_too_short, too_short_message
 from evidence_pipeline.validation.problems import Problem, Severity
 from evidence_runtime.curated import (
     validation_messages,
@@ -175,6 +176,9 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
                 shown = excerpt if len(excerpt) <= 60 else excerpt[:57] + "…"
                 problem("excerpt_not_found",
                         f"excerpt {shown!r} is not in {unit.provenance.source_file}",
+                        f"provenance.supporting_excerpts[{i}]")
+            elif excerpt_too_short(excerpt, normalized):
+                problem("excerpt_too_short", too_short_message(excerpt),
                         f"provenance.supporting_excerpts[{i}]")
 
     if isinstance(unit, FormulaUnit):

@@ -28,6 +28,7 @@ from evidence_pipeline.authoring.backends.base import (
     settings_error,
     system_prompt,
 )
+from evidence_pipeline.authoring.backends.reply_text import check_reply_text, decode_reply
 from evidence_runtime.errors import ConfigError
 
 DEFAULT_API_KEY_ENV = "THT_LLM_API_KEY"
@@ -122,8 +123,8 @@ class OpenAIBackend:
             text = data.decode("utf-8", errors="replace")  # only shown, in the error
             raise ModelBackendError(f"{self.url} answered HTTP {status}: {bounded(text, 500)}",
                                     code="model_http_error", path=path)
-        text = data.decode("utf-8", errors="replace")
-        return parse_reply(_completion_content(text, path), request)
+        text = decode_reply(data, path=path, what=f"the answer of {self.url}")
+        return check_reply_text(parse_reply(_completion_content(text, path), request), request)
 
     async def _post(self, request: ModelRequest) -> tuple[int, bytes]:
         """One request; the status and the body. ``timeout_s`` bounds the whole exchange

@@ -33,6 +33,7 @@ from evidence_pipeline.authoring.backends.base import (
     settings_error,
     system_prompt,
 )
+from evidence_pipeline.authoring.backends.reply_text import check_reply_text, decode_reply
 
 MAX_REPLY_BYTES = 8_000_000
 
@@ -116,7 +117,7 @@ class PiBackend:
 
     def restructure(self, request: ModelRequest) -> ModelReply:
         raw = self.run(build_prompt(request), source_file=request.source_file)
-        return parse_reply(raw, request)
+        return check_reply_text(parse_reply(raw, request), request)
 
     def run(self, prompt: str, *, source_file: str) -> str:
         """Run Pi once with ``prompt`` on stdin; its stdout, or :class:`ModelBackendError`."""
@@ -179,7 +180,7 @@ def _run_group(argv: list[str], stdin: bytes, *, cwd: str, env: dict[str, str],
     if len(out) > MAX_REPLY_BYTES:
         raise ModelBackendError(f"pi wrote more than {MAX_REPLY_BYTES} bytes",
                                 code="model_invalid_output", path=source_file)
-    return out.decode("utf-8", errors="replace")
+    return decode_reply(out, path=source_file, what="pi's output")
 
 
 def _kill_group(pgid: int) -> None:
