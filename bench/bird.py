@@ -167,7 +167,8 @@ def read_units(ws: Path) -> list[Unit]:
 def accept_review(units: list[Unit]) -> collections.Counter[str]:
     """The simulated curator: accepts every unit as proposed, i.e. clears its review items
     (the structural backend flags its fallback classifications). Text is never changed."""
-    from evidence_runtime.curated import dump_curated, read_curated
+    from evidence_pipeline.authoring.curated_writer import dump_curated
+    from evidence_runtime.curated import read_curated
 
     cleared: collections.Counter[str] = collections.Counter()
     for u in units:
@@ -348,8 +349,8 @@ class _KeepOpen:
 def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, Any], float]:
     """Run the real ``preprocess`` into ``QdrantClient(":memory:")`` (bm25: client) with its own
     state directory (registry), seeded with the Edge run's vector cache: same vectors."""
+    from evidence_pipeline.publishing.index_writer import open_index_writer
     from evidence_pipeline.publishing.publish import activate, preprocess
-    from evidence_runtime.index import open_index
     from evidence_runtime.registry import Registry
 
     state = ws / ".tht" / "client-local"
@@ -360,8 +361,9 @@ def publish_client_local(ws: Path, embedder: Any) -> tuple[Any, Any, dict[str, A
     holder: dict[str, Any] = {}
 
     def factory(w: Any, dim: int) -> Any:
-        index = open_index({"engine": "server", "url": ":memory:", "collection": "thoth_bird",
-                            "bm25": "client"}, language=w.config.language, dense_dim=dim)
+        index = open_index_writer({"engine": "server", "url": ":memory:",
+                                   "collection": "thoth_bird", "bm25": "client"},
+                                  language=w.config.language, dense_dim=dim)
         holder["index"] = index
         return _KeepOpen(index)
 
@@ -395,7 +397,7 @@ def variant_index(edge: Any, path: Path, *, language: str, avg_len: float | None
     import qdrant_edge as qe
 
     from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
-    from evidence_runtime.index import EdgeIndex, IndexPoint
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
 
     shard = edge._live()
     points: list[IndexPoint] = []
@@ -417,7 +419,7 @@ def variant_index(edge: Any, path: Path, *, language: str, avg_len: float | None
                   for i, p in enumerate(points)]
     if path.exists():
         shutil.rmtree(path)
-    index = EdgeIndex.open(path, language=language, dense_dim=384, create=True)
+    index = EdgeIndexWriter.open(path, language=language, dense_dim=384, create=True)
     index._bm25 = qe.Bm25(qe.Bm25Config(language=language, avg_len=avg_len))
     index.ensure_schema(dense_dim=384)
     index.upsert(points)
@@ -720,7 +722,9 @@ def weighted_rrf(edge: Any, qs: list[Question],
     """Fused with RRF weights (dense, bm25) through qdrant_edge directly, same filters."""
     import qdrant_edge as qe
 
-    from evidence_runtime.index import BM25_VECTOR, Hit, _edge_filter, _sorted_hits
+    from evidence_runtime.index import BM25_VECTOR, Hit
+    from evidence_runtime.index.base import sorted_hits
+    from evidence_runtime.index.edge import edge_filter
     from evidence_runtime.query import render_query
     from evidence_runtime.search import build_match, group_hits
     from evidence_runtime.units import EvidencePurpose
@@ -735,7 +739,7 @@ def weighted_rrf(edge: Any, qs: list[Question],
             text = render_query(q.text)
             dense = edge.embedder.embed_query(text).tolist()
 
-            flt = _edge_filter(build_match(edge.workspace_id, revision, gen.number,
+            flt = edge_filter(build_match(edge.workspace_id, revision, gen.number,
                                            EvidencePurpose(q.purpose), None))
             req = qe.QueryRequest(
                 limit=40,
@@ -746,7 +750,7 @@ def weighted_rrf(edge: Any, qs: list[Question],
                                                                using=BM25_VECTOR),
                                         filter=flt)],
                 query=qe.Fusion.Rrf(k=edge.rrf_k, weights=list(w)), with_payload=True)
-            hits = _sorted_hits([Hit(str(p.id), p.score, p.payload or {})
+            hits = sorted_hits([Hit(str(p.id), p.score, p.payload or {})
                                  for p in shard.query(req)])
             results = group_hits(hits, limit=10, revision=revision, workspace_id="bird")
             ranks.append(next((i for i, r in enumerate(results, 1)

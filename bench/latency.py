@@ -190,10 +190,12 @@ def summary(ms: Sequence[float]) -> dict[str, float]:
 def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
     import qdrant_edge as qe
 
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_pipeline.publishing.registry_writer import RegistryWriter
     from evidence_runtime.embeddings import make_embedder
-    from evidence_runtime.index import BM25_VECTOR, EdgeIndex, IndexPoint, _edge_filter
+    from evidence_runtime.index import BM25_VECTOR
+    from evidence_runtime.index.edge import edge_filter
     from evidence_runtime.query import render_query
-    from evidence_runtime.registry import Registry
     from evidence_runtime.search import EvidenceSearcher, build_match
     from evidence_runtime.units import EvidencePurpose
 
@@ -208,7 +210,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dic
 
     shard_dir = work / f"edge-{n}"
     shutil.rmtree(shard_dir, ignore_errors=True)
-    index = EdgeIndex.open(shard_dir, language="italian", dense_dim=384, create=True)
+    index = EdgeIndexWriter.open(shard_dir, language="italian", dense_dim=384, create=True)
     index.ensure_schema(dense_dim=384)
     points = [IndexPoint(pid, vecs[i], text, payload)
               for i, (pid, text, payload) in enumerate(pts)]
@@ -223,7 +225,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dic
 
     reg_path = work / f"registry-{n}.sqlite3"
     reg_path.unlink(missing_ok=True)
-    registry = Registry.open(str(reg_path))
+    registry = RegistryWriter.open(str(reg_path))
     registry.activate_revision(WID, REVISION)
     for _ in range(2):
         gen = registry.new_generation(WID, REVISION, {"bench": True})
@@ -254,7 +256,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dic
     bm25 = index._bm25
     requests = []
     for j, (_q, purpose, ctx) in enumerate(qs):
-        flt = _edge_filter(build_match(WID, REVISION, 2, EvidencePurpose(purpose), ctx))
+        flt = edge_filter(build_match(WID, REVISION, 2, EvidencePurpose(purpose), ctx))
         requests.append(qe.QueryRequest(
             limit=40,
             prefetches=[qe.Prefetch(limit=50, query=qe.Query.Nearest(qvecs[j]), filter=flt),
@@ -327,13 +329,14 @@ def client_local(points: list[Any], qs: list[Any], rendered: list[str], qvecs: l
                  registry: Any, embedder: Any, reps: int) -> dict[str, Any]:
     from qdrant_client import models as m
 
-    from evidence_runtime.index import BM25_VECTOR, open_index
+    from evidence_pipeline.publishing.index_writer import open_index_writer
+    from evidence_runtime.index import BM25_VECTOR
     from evidence_runtime.search import EvidenceSearcher, build_match
     from evidence_runtime.units import EvidencePurpose
 
     out: dict[str, Any] = {}
-    index = open_index({"engine": "server", "url": ":memory:", "collection": "bench",
-                        "bm25": "client"}, language="italian", dense_dim=384)
+    index = open_index_writer({"engine": "server", "url": ":memory:", "collection": "bench",
+                               "bm25": "client"}, language="italian", dense_dim=384)
     t = time.perf_counter()
     index.upsert(points)
     out["upsert_s"] = round(time.perf_counter() - t, 2)

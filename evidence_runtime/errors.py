@@ -91,3 +91,9 @@ class RegistryLockedError(RegistryError):
     """Another writer held the registry longer than the busy/lock timeout; nothing was changed."""
 
     code = "registry_locked"
+
+
+class RegistryCorruptError(RegistryError):
+    """The registry's stored data cannot be read back (a damaged file or a corrupt value)."""
+
+    code = "registry_corrupt"

@@ -6,11 +6,12 @@ in other processes never wait for a writer) and PostgreSQL (psycopg 3, optional 
 ``postgres``). The SQL is portable; a small adapter per engine hides the paramstyle, the
 transaction start and the error types.
 
-Invariants, kept by the database and by running every change in one write transaction:
-generation numbers are monotonic per workspace and never reused (a counter on the workspace
-row, not ``MAX(number) + 1``); at most one generation per workspace is ``active`` (a partial
-unique index) and the workspace's pointer names exactly that one; activation retires the
-previous active generation, activates the new one and moves the pointer all at once.
+This is the read side: the runtime only reads the activated revision and the generations.
+The publisher's ``RegistryWriter`` (``evidence_pipeline.publishing.registry_writer``) creates
+the schema and makes every change, keeping the invariants listed there. A registry nobody has
+written to yet (no schema) reads as empty. Every fault reading it back, a damaged file or a
+stored value that is not what was written, is a :class:`RegistryError` (corrupt data:
+:class:`RegistryCorruptError`), never another exception.
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from evidence_runtime.errors import RegistryError, RegistryLockedError
+from evidence_runtime.errors import RegistryCorruptError, RegistryError, RegistryLockedError
 
 __all__ = ["Generation", "GenerationStatus", "Registry"]
 
 SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -57,42 +58,7 @@ class Generation:
     activated_at: str | None
 
 
-# Portable DDL: TEXT timestamps (ISO 8601 UTC, written by Python) and TEXT JSON keep one schema
-# for both engines; a partial unique index holds "one active generation per workspace".
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS evidence_registry_meta (
-        key TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS evidence_workspace (
-        workspace_id TEXT PRIMARY KEY,
-        activated_revision TEXT,
-        revision_activated_at TEXT,
-        active_generation INTEGER,
-        next_generation INTEGER NOT NULL,
-        updated_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS evidence_generation (
-        workspace_id TEXT NOT NULL REFERENCES evidence_workspace (workspace_id),
-        number INTEGER NOT NULL,
-        revision TEXT NOT NULL,
-        status TEXT NOT NULL
-            CHECK (status IN ('candidate', 'active', 'retired', 'failed')),
-        config TEXT NOT NULL,
-        counts TEXT NOT NULL,
-        evaluation TEXT,
-        created_at TEXT NOT NULL,
-        activated_at TEXT,
-        updated_at TEXT NOT NULL,
-        PRIMARY KEY (workspace_id, number)
-    )""",
-    """CREATE UNIQUE INDEX IF NOT EXISTS evidence_generation_one_active
-        ON evidence_generation (workspace_id) WHERE status = 'active'""",
-    """CREATE INDEX IF NOT EXISTS evidence_generation_by_revision
-        ON evidence_generation (workspace_id, revision, number)""",
-)
-
-_GEN_COLUMNS = (
+GEN_COLUMNS = (
     "g.workspace_id, g.number, g.revision, g.status, g.config, g.counts, g.evaluation, "
     "g.created_at, g.activated_at"
 )
@@ -100,39 +66,45 @@ _GEN_COLUMNS = (
 Query = Callable[..., list[tuple[Any, ...]]]
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+def _json_object(text: Any) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return cast(dict[str, Any], value)
 
 
-def _dumps(value: Any, *, what: str) -> str:
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise RegistryError(f"{what} is not JSON-serializable: {exc}", field=what) from None
-
-
-def _generation(row: Sequence[Any]) -> Generation:
-    ws, number, revision, status, config, counts, evaluation, created, activated = row
-    return Generation(
-        workspace_id=ws,
-        number=int(number),
-        revision=revision,
-        status=GenerationStatus(status),
-        config=json.loads(config),
-        counts=json.loads(counts),
-        evaluation=None if evaluation is None else json.loads(evaluation),
-        created_at=created,
-        activated_at=activated,
-    )
-
-
-def _check_id(value: str, what: str) -> str:
-    if not isinstance(value, str) or not value.strip() or value != value.strip():
-        raise RegistryError(
-            f"{what} must be a non-empty string without surrounding spaces, got {value!r}",
-            field=what,
-        )
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{type(value).__name__}, not text")
     return value
+
+
+def read_generation(row: Sequence[Any], location: str) -> Generation:
+    """A generation from its stored row; :class:`RegistryCorruptError` naming the column at
+    fault when the row is not what the registry writes."""
+    ws, number, revision, status, config, counts, evaluation, created, activated = row
+
+    def read(column: str, parse: Callable[[Any], _T], value: Any) -> _T:
+        try:
+            return parse(value)
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and bad enum values included
+            raise RegistryCorruptError(
+                f"the registry is corrupt: generation {number!r} of workspace {ws!r}: "
+                f"column {column} cannot be read back ({exc})",
+                path=location,
+            ) from None
+
+    return Generation(
+        workspace_id=read("workspace_id", _text, ws),
+        number=read("number", int, number),
+        revision=read("revision", _text, revision),
+        status=read("status", GenerationStatus, status),
+        config=read("config", _json_object, config),
+        counts=read("counts", _json_object, counts),
+        evaluation=None if evaluation is None else read("evaluation", _json_object, evaluation),
+        created_at=read("created_at", _text, created),
+        activated_at=None if activated is None else read("activated_at", _text, activated),
+    )
 
 
 # --------------------------------------------------------------------------- engine adapters
@@ -192,6 +164,12 @@ class _SqliteAdapter(_Adapter):
             return exc
         code = getattr(exc, "sqlite_errorcode", None)
         text = str(exc)
+        primary = code & 0xFF if isinstance(code, int) else None  # extended codes keep it low
+        if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            return RegistryCorruptError(
+                f"cannot {action} the registry: the file is corrupt ({text})",
+                path=self.location,
+            )
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text:
             return RegistryLockedError(
                 f"cannot {action} the registry: it is locked by another writer "
@@ -201,7 +179,7 @@ class _SqliteAdapter(_Adapter):
         return RegistryError(f"cannot {action} the registry: {text}", path=self.location)
 
     @contextmanager
-    def transaction(self, *, write: bool) -> Iterator[Query]:
+    def transaction(self, *, write: bool) -> Generator[Query, None, None]:
         def q(sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
             return self.conn.execute(sql, tuple(params)).fetchall()
 
@@ -282,15 +260,16 @@ class _PostgresAdapter(_Adapter):
         return RegistryError(f"cannot {action} the registry: {text}", path=self.location)
 
     @contextmanager
-    def transaction(self, *, write: bool) -> Iterator[Query]:
+    def transaction(self, *, write: bool) -> Generator[Query, None, None]:
         if self.conn is None or self.conn.closed:
             self._connect()  # the server went away and came back: one new connection
+        conn: Any = self.conn
 
         def q(sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-            cur = self.conn.execute(sql.replace("?", "%s"), tuple(params))
+            cur = conn.execute(sql.replace("?", "%s"), tuple(params))
             return cur.fetchall() if cur.description is not None else []
 
-        with self.conn.transaction():
+        with conn.transaction():
             yield q
 
     def lock_schema(self, q: Query) -> None:
@@ -310,19 +289,21 @@ class _PostgresAdapter(_Adapter):
 
 
 class Registry:
-    """The registry of one installation (all workspaces); safe to share between threads."""
+    """The registry of one installation (all workspaces), read-only; safe to share between
+    threads."""
 
     def __init__(self, adapter: _Adapter) -> None:
         self._adapter = adapter
         self._lock = threading.RLock()
         self._closed = False
+        self._schema_seen = False
 
     @classmethod
-    def open(cls, url_or_path: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> Registry:
-        """Open (creating the schema if needed) a SQLite file or a ``postgresql://`` URL.
+    def open(cls, url_or_path: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> Self:
+        """Open a SQLite file or a ``postgresql://`` URL.
 
-        ``timeout`` is how long a write waits for another writer before failing with
-        ``RegistryLockedError``.
+        ``timeout`` is how long a transaction waits for a lock held by a writer before failing
+        with ``RegistryLockedError``. A schema newer than this program is :class:`RegistryError`.
         """
         target = str(url_or_path)
         adapter: _Adapter
@@ -334,7 +315,7 @@ class Registry:
             adapter = _SqliteAdapter(Path(target), timeout)
         registry = cls(adapter)
         try:
-            registry._create_schema()
+            registry._prepare_schema()
         except BaseException:
             adapter.close()
             raise
@@ -345,7 +326,7 @@ class Registry:
         """Where the registry lives (a path, or a URL without its password)."""
         return self._adapter.location
 
-    def __enter__(self) -> Registry:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -361,7 +342,7 @@ class Registry:
     # -- plumbing
 
     @contextmanager
-    def _tx(self, action: str, *, write: bool) -> Iterator[Query]:
+    def _tx(self, action: str, *, write: bool) -> Generator[Query, None, None]:
         with self._lock:
             if self._closed:
                 raise RegistryError(
@@ -379,24 +360,17 @@ class Registry:
         if not self._adapter.has_table(q, "evidence_registry_meta"):
             return None
         rows = q("SELECT value FROM evidence_registry_meta WHERE key = 'schema_version'")
-        return int(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        try:
+            return int(rows[0][0])
+        except (ValueError, TypeError):
+            raise RegistryCorruptError(
+                f"the registry is corrupt: schema version {rows[0][0]!r} is not a number",
+                path=self.location,
+            ) from None
 
-    def _create_schema(self) -> None:
-        # Checked in a read transaction first: opening an existing registry must not wait
-        # for the write lock, or a reader would block behind a long writer.
-        with self._tx("read the schema of", write=False) as q:
-            found = self._schema_version(q)
-        if found is None:
-            with self._tx("create the schema of", write=True) as q:
-                self._adapter.lock_schema(q)
-                for statement in _SCHEMA:
-                    q(statement)
-                q(
-                    "INSERT INTO evidence_registry_meta (key, value) "
-                    "VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
-                    (str(SCHEMA_VERSION),),
-                )
-                found = self._schema_version(q)
+    def _check_version(self, found: int | None) -> None:
         if found is None or found > SCHEMA_VERSION:
             raise RegistryError(
                 f"registry schema version {found} is not supported by this program "
@@ -404,206 +378,59 @@ class Registry:
                 path=self.location,
             )
 
-    @staticmethod
-    def _lock_workspace(q: Query, workspace_id: str, now: str) -> tuple[Any, ...]:
-        """Create the workspace row if missing and lock it for this write transaction.
+    def _prepare_schema(self) -> None:
+        """Check the schema version when there is a schema (a reader never creates one)."""
+        with self._tx("read the schema of", write=False) as q:
+            self._has_schema(q)
 
-        The UPDATE takes the row lock on PostgreSQL, so every write to one workspace is
-        serialized there; on SQLite the write transaction is already exclusive.
-        """
-        q(
-            "INSERT INTO evidence_workspace (workspace_id, next_generation, updated_at) "
-            "VALUES (?, 1, ?) ON CONFLICT (workspace_id) DO NOTHING",
-            (workspace_id, now),
-        )
-        q(
-            "UPDATE evidence_workspace SET updated_at = ? WHERE workspace_id = ?",
-            (now, workspace_id),
-        )
-        return q(
-            "SELECT activated_revision, active_generation, next_generation "
-            "FROM evidence_workspace WHERE workspace_id = ?",
-            (workspace_id,),
-        )[0]
+    def _has_schema(self, q: Query) -> bool:
+        """Whether the schema exists (checked until it does; then remembered)."""
+        if not self._schema_seen:
+            found = self._schema_version(q)
+            if found is None:
+                return False
+            self._check_version(found)
+            self._schema_seen = True
+        return True
 
-    @staticmethod
-    def _select_generation(q: Query, workspace_id: str, number: int) -> Generation | None:
+    @contextmanager
+    def _read(self) -> Generator[Query | None, None, None]:
+        """A read transaction; ``None`` instead of a query while nothing was ever written."""
+        with self._tx("read", write=False) as q:
+            yield q if self._has_schema(q) else None
+
+    def _generation(self, row: Sequence[Any]) -> Generation:
+        return read_generation(row, self.location)
+
+    def _select_generation(self, q: Query, workspace_id: str, number: int) -> Generation | None:
         rows = q(
-            f"SELECT {_GEN_COLUMNS} FROM evidence_generation g "
+            f"SELECT {GEN_COLUMNS} FROM evidence_generation g "
             "WHERE g.workspace_id = ? AND g.number = ?",
             (workspace_id, number),
         )
-        return _generation(rows[0]) if rows else None
+        return self._generation(rows[0]) if rows else None
 
-    def _missing(self, workspace_id: str, number: int) -> RegistryError:
-        return RegistryError(
-            f"workspace {workspace_id!r} has no generation {number}", path=self.location
-        )
-
-    # -- revisions
-
-    def activate_revision(self, workspace_id: str, revision: str) -> None:
-        """Record ``revision`` as the workspace's activated Git revision.
-
-        The active generation is left alone: until a generation built from this revision is
-        activated, the runtime sees a mismatch and answers unavailable (spec §13.2).
-        """
-        _check_id(workspace_id, "workspace_id")
-        _check_id(revision, "revision")
-        now = _now()
-        with self._tx("activate a revision in", write=True) as q:
-            self._lock_workspace(q, workspace_id, now)
-            q(
-                "UPDATE evidence_workspace SET activated_revision = ?, revision_activated_at = ? "
-                "WHERE workspace_id = ?",
-                (revision, now, workspace_id),
-            )
+    # -- reads
 
     def activated_revision(self, workspace_id: str) -> str | None:
         """The activated Git revision, or None when none was ever activated."""
-        with self._tx("read", write=False) as q:
+        with self._read() as q:
+            if q is None:
+                return None
             rows = q(
                 "SELECT activated_revision FROM evidence_workspace WHERE workspace_id = ?",
                 (workspace_id,),
             )
-        return rows[0][0] if rows else None
+        return self._revision(rows[0][0]) if rows else None
 
-    # -- generations
-
-    def new_generation(
-        self, workspace_id: str, revision: str, config: dict[str, Any]
-    ) -> Generation:
-        """Record a new ``candidate`` generation with the next number (never reused)."""
-        _check_id(workspace_id, "workspace_id")
-        _check_id(revision, "revision")
-        config_json = _dumps(config, what="config")
-        now = _now()
-        with self._tx("record a new generation in", write=True) as q:
-            _, _, number = self._lock_workspace(q, workspace_id, now)
-            q(
-                "INSERT INTO evidence_generation (workspace_id, number, revision, status, "
-                "config, counts, evaluation, created_at, activated_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL, ?)",
-                (
-                    workspace_id,
-                    number,
-                    revision,
-                    GenerationStatus.candidate.value,
-                    config_json,
-                    "{}",
-                    now,
-                    now,
-                ),
-            )
-            q(
-                "UPDATE evidence_workspace SET next_generation = ? WHERE workspace_id = ?",
-                (number + 1, workspace_id),
-            )
-            generation = self._select_generation(q, workspace_id, number)
-        assert generation is not None
-        return generation
-
-    def update_generation(
-        self,
-        workspace_id: str,
-        number: int,
-        *,
-        counts: dict[str, Any] | None = None,
-        evaluation: dict[str, Any] | None = None,
-        status: GenerationStatus | str | None = None,
-    ) -> Generation:
-        """Replace the counts and/or evaluation summary and/or set the status.
-
-        ``active`` is reached only through ``activate_generation``, and the active generation
-        leaves that status only when another one is activated.
-        """
-        new_status = None if status is None else GenerationStatus(status)
-        if new_status is GenerationStatus.active:
-            raise RegistryError(
-                f"generation {number}: use activate_generation to make a generation active",
-                field="status",
-            )
-        sets: list[str] = []
-        params: list[Any] = []
-        if counts is not None:
-            sets.append("counts = ?")
-            params.append(_dumps(counts, what="counts"))
-        if evaluation is not None:
-            sets.append("evaluation = ?")
-            params.append(_dumps(evaluation, what="evaluation"))
-        now = _now()
-        with self._tx("update a generation in", write=True) as q:
-            self._lock_workspace(q, workspace_id, now)
-            current = self._select_generation(q, workspace_id, number)
-            if current is None:
-                raise self._missing(workspace_id, number)
-            if new_status is not None and new_status is not current.status:
-                if current.status is GenerationStatus.active:
-                    raise RegistryError(
-                        f"workspace {workspace_id!r}: generation {number} is active; activate "
-                        "another generation instead of changing its status",
-                        field="status",
-                    )
-                sets.append("status = ?")
-                params.append(new_status.value)
-            if sets:
-                q(
-                    f"UPDATE evidence_generation SET {', '.join(sets)}, updated_at = ? "
-                    "WHERE workspace_id = ? AND number = ?",
-                    (*params, now, workspace_id, number),
-                )
-            updated = self._select_generation(q, workspace_id, number)
-        assert updated is not None
-        return updated
-
-    def activate_generation(self, workspace_id: str, number: int) -> None:
-        """Make generation ``number`` the active one, in one transaction.
-
-        The previous active generation becomes ``retired`` and the pointer moves. The
-        generation must be a candidate or a retired one (rollback) built from the activated
-        revision; activating the already active generation is a no-op.
-        """
-        now = _now()
-        with self._tx("activate a generation in", write=True) as q:
-            revision, active, _ = self._lock_workspace(q, workspace_id, now)
-            generation = self._select_generation(q, workspace_id, number)
-            if generation is None:
-                raise self._missing(workspace_id, number)
-            if generation.status is GenerationStatus.active and active == number:
-                return
-            if generation.status is GenerationStatus.failed:
-                raise RegistryError(
-                    f"workspace {workspace_id!r}: generation {number} failed and cannot be "
-                    "activated",
-                    path=self.location,
-                )
-            if revision is None:
-                raise RegistryError(
-                    f"workspace {workspace_id!r}: no revision is activated; activate revision "
-                    f"{generation.revision} before generation {number}",
-                    path=self.location,
-                )
-            if generation.revision != revision:
-                raise RegistryError(
-                    f"workspace {workspace_id!r}: generation {number} was built from revision "
-                    f"{generation.revision}, but the activated revision is {revision}; "
-                    "activate that revision first",
-                    path=self.location,
-                )
-            q(
-                "UPDATE evidence_generation SET status = ?, updated_at = ? "
-                "WHERE workspace_id = ? AND status = ?",
-                (GenerationStatus.retired.value, now, workspace_id, GenerationStatus.active.value),
-            )
-            q(
-                "UPDATE evidence_generation SET status = ?, activated_at = ?, updated_at = ? "
-                "WHERE workspace_id = ? AND number = ?",
-                (GenerationStatus.active.value, now, now, workspace_id, number),
-            )
-            q(
-                "UPDATE evidence_workspace SET active_generation = ? WHERE workspace_id = ?",
-                (number, workspace_id),
-            )
+    def _revision(self, value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        raise RegistryCorruptError(
+            f"the registry is corrupt: the activated revision is {type(value).__name__}, "
+            "not text",
+            path=self.location,
+        )
 
     def active_generation(self, workspace_id: str) -> Generation | None:
         """The generation the pointer names, or None."""
@@ -611,9 +438,11 @@ class Registry:
 
     def active_state(self, workspace_id: str) -> tuple[str | None, Generation | None]:
         """``(activated_revision, active_generation)`` read in one query (the hot path)."""
-        with self._tx("read", write=False) as q:
+        with self._read() as q:
+            if q is None:
+                return None, None
             rows = q(
-                f"SELECT w.activated_revision, {_GEN_COLUMNS} FROM evidence_workspace w "
+                f"SELECT w.activated_revision, {GEN_COLUMNS} FROM evidence_workspace w "
                 "LEFT JOIN evidence_generation g "
                 "ON g.workspace_id = w.workspace_id AND g.number = w.active_generation "
                 "WHERE w.workspace_id = ?",
@@ -622,22 +451,26 @@ class Registry:
         if not rows:
             return None, None
         revision, *generation = rows[0]
-        return revision, (None if generation[0] is None else _generation(generation))
+        return self._revision(revision), (
+            None if generation[0] is None else self._generation(generation)
+        )
 
     def get_generation(self, workspace_id: str, number: int) -> Generation | None:
         """One generation, or None."""
-        with self._tx("read", write=False) as q:
-            return self._select_generation(q, workspace_id, number)
+        with self._read() as q:
+            return None if q is None else self._select_generation(q, workspace_id, number)
 
     def generations(self, workspace_id: str) -> list[Generation]:
         """Every generation of the workspace, newest first."""
-        with self._tx("read", write=False) as q:
+        with self._read() as q:
+            if q is None:
+                return []
             rows = q(
-                f"SELECT {_GEN_COLUMNS} FROM evidence_generation g WHERE g.workspace_id = ? "
+                f"SELECT {GEN_COLUMNS} FROM evidence_generation g WHERE g.workspace_id = ? "
                 "ORDER BY g.number DESC",
                 (workspace_id,),
             )
-        return [_generation(row) for row in rows]
+        return [self._generation(row) for row in rows]
 
     def latest_generation_for_revision(
         self,
@@ -654,11 +487,13 @@ class Registry:
         if not wanted:
             return None
         marks = ", ".join("?" for _ in wanted)
-        with self._tx("read", write=False) as q:
+        with self._read() as q:
+            if q is None:
+                return None
             rows = q(
-                f"SELECT {_GEN_COLUMNS} FROM evidence_generation g "
+                f"SELECT {GEN_COLUMNS} FROM evidence_generation g "
                 f"WHERE g.workspace_id = ? AND g.revision = ? AND g.status IN ({marks}) "
                 "ORDER BY g.number DESC LIMIT 1",
                 (workspace_id, revision, *wanted),
             )
-        return _generation(rows[0]) if rows else None
+        return self._generation(rows[0]) if rows else None

@@ -28,7 +28,7 @@ from evidence_runtime.errors import (
     IndexUnavailableError,
     RegistryError,
 )
-from evidence_runtime.index import EvidenceIndex, Hit, Match, QueryMode, open_index
+from evidence_runtime.index import EvidenceIndex, Hit, IndexConfig, Match, QueryMode, open_index
 from evidence_runtime.query import EvidenceSearchContext, render_query
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.units import EvidencePurpose
@@ -36,7 +36,9 @@ from evidence_runtime.workspace import Workspace, load_workspace
 
 RECORD_KIND = "evidence_fragment"
 MAX_MESSAGE = 300
-MAX_EXCERPT_CHARS = 600
+# a result shows at most this much of a fragment (the unit contract's own, longer bound on
+# supporting excerpts is units.MAX_EXCERPT_CHARS)
+MAX_RESULT_EXCERPT_CHARS = 600
 DEFAULT_LIMIT = 10
 
 
@@ -165,7 +167,7 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
     for hit in hits:
         groups.setdefault(str(hit.payload["evidence_id"]), []).append(hit)
     ranked = sorted(groups.items(), key=lambda kv: (-max(h.score for h in kv[1]), kv[0]))
-    results = []
+    results: list[EvidenceResult] = []
     for eid, group in ranked[:limit]:
         group.sort(key=lambda h: (-h.score, int(h.payload.get("fragment_ordinal", 0))))
         best = group[0].payload
@@ -194,7 +196,9 @@ def _excerpt(text: str) -> str:
     # the fragment text starts with the unit's labels (title, kind, applies_to): show the content
     _head, sep, content = text.partition("\n\n")
     text = content if sep and content.strip() else text
-    return text if len(text) <= MAX_EXCERPT_CHARS else text[:MAX_EXCERPT_CHARS - 1] + "…"
+    if len(text) <= MAX_RESULT_EXCERPT_CHARS:
+        return text
+    return text[:MAX_RESULT_EXCERPT_CHARS - 1] + "…"
 
 
 class EvidenceSearcher:
@@ -210,7 +214,7 @@ class EvidenceSearcher:
     next to a live application needs a Qdrant server (the same code, ``engine: server``)."""
 
     def __init__(self, *, workspace_id: str, registry: Registry, embedder: Embedder,
-                 index: EvidenceIndex | None = None, index_config: dict[str, Any] | None = None,
+                 index: EvidenceIndex | None = None, index_config: IndexConfig | None = None,
                  language: str = "italian", revisions_dir: Path | None = None,
                  rrf_k: int = 60, prefetch_limit: int = 50) -> None:
         self.workspace_id = workspace_id
@@ -258,8 +262,7 @@ class EvidenceSearcher:
             if self._index is None:
                 if self._index_config is None:
                     raise IndexUnavailableError("no index configured")
-                self._index = open_index(self._index_config, language=self.language,
-                                         create=False)
+                self._index = open_index(self._index_config, language=self.language)
             return self._index
 
     def close(self) -> None:
@@ -375,14 +378,14 @@ class EvidenceSearcher:
                                            f"{ref.revision[:12]}")
 
 
-def index_config(ws: Workspace) -> dict[str, Any]:
+def index_config(ws: Workspace) -> IndexConfig:
     """The ``index`` section of a workspace with paths and environment resolved."""
     cfg = ws.config.index
     if cfg.engine == "edge":
-        return {"engine": "edge", "path": str(ws.index_path)}
-    return {"engine": "server", "url": os.environ.get("THT_QDRANT_URL") or cfg.url,
-            "collection": ws.config.collection, "api_key_env": cfg.api_key_env,
-            "bm25": cfg.bm25}
+        return IndexConfig(engine="edge", path=str(ws.index_path))
+    return IndexConfig(engine="server", url=os.environ.get("THT_QDRANT_URL") or cfg.url,
+                       collection=ws.config.collection, api_key_env=cfg.api_key_env,
+                       bm25=cfg.bm25)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -297,7 +297,7 @@ class NormalizationBlock(BaseModel):
 
     subject: NonBlank
     rule: NonBlank
-    examples: list[NormalizationExample] = Field(default_factory=list)
+    examples: list[NormalizationExample] = Field(default_factory=list[NormalizationExample])
 
 
 class FormulaBlock(BaseModel):
@@ -343,7 +343,7 @@ class UnitBase(BaseModel):
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     language: str = Field(pattern=r"^[a-z]{2}(?:-[A-Z]{2})?$")
     provenance: Provenance
-    review_items: list[ReviewItem] = Field(default_factory=list)
+    review_items: list[ReviewItem] = Field(default_factory=list[ReviewItem])
 
     @field_validator("id")
     @classmethod
@@ -382,42 +382,42 @@ def check_evidence_id(value: str) -> str:
 
 
 class GlossaryUnit(UnitBase):
-    kind: Literal[EvidenceKind.glossary]
+    kind: Literal[EvidenceKind.glossary]  # pyright: ignore[reportIncompatibleVariableOverride]
     glossary: GlossaryBlock
 
 
 class DomainUnit(UnitBase):
-    kind: Literal[EvidenceKind.domain]
+    kind: Literal[EvidenceKind.domain]  # pyright: ignore[reportIncompatibleVariableOverride]
     domain: DomainBlock
 
 
 class EnumUnit(UnitBase):
-    kind: Literal[EvidenceKind.enum]
+    kind: Literal[EvidenceKind.enum]  # pyright: ignore[reportIncompatibleVariableOverride]
     enum: EnumBlock
 
 
 class ExampleUnit(UnitBase):
-    kind: Literal[EvidenceKind.example]
+    kind: Literal[EvidenceKind.example]  # pyright: ignore[reportIncompatibleVariableOverride]
     example: ExampleBlock
 
 
 class MappingUnit(UnitBase):
-    kind: Literal[EvidenceKind.mapping]
+    kind: Literal[EvidenceKind.mapping]  # pyright: ignore[reportIncompatibleVariableOverride]
     mapping: MappingBlock
 
 
 class NormalizationUnit(UnitBase):
-    kind: Literal[EvidenceKind.normalization]
+    kind: Literal[EvidenceKind.normalization]  # pyright: ignore[reportIncompatibleVariableOverride]
     normalization: NormalizationBlock
 
 
 class FormulaUnit(UnitBase):
-    kind: Literal[EvidenceKind.formula]
+    kind: Literal[EvidenceKind.formula]  # pyright: ignore[reportIncompatibleVariableOverride]
     formula: FormulaBlock
 
 
 class ReferenceUnit(UnitBase):
-    kind: Literal[EvidenceKind.reference]
+    kind: Literal[EvidenceKind.reference]  # pyright: ignore[reportIncompatibleVariableOverride]
     reference: ReferenceBlock
 
 

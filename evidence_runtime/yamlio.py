@@ -1,20 +1,21 @@
-"""Round-trip YAML with one house style, so that load/save is byte-identical and diffs are minimal.
+"""Reading YAML: round-trip data in one house style, so that load/save is byte-identical and
+diffs are minimal (the pipeline's writer, ``evidence_pipeline.authoring.curated_writer``, dumps
+with the same :func:`make_yaml`).
 
 Front matter and workspace files are data, not programs: anchors, aliases and custom tags are
-refused before anything is constructed (no alias bombs, no object construction).
+refused before anything is constructed (no alias bombs, no object construction). Each text is
+parsed once: the check runs on the composed node tree, inside the load, before construction.
 """
 
 from __future__ import annotations
 
-import io
 import re
-from typing import Any
+from typing import Any, cast
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from ruamel.yaml.scalarstring import LiteralScalarString
 
 from evidence_runtime.errors import UnitFormatError
 
@@ -44,11 +45,12 @@ def make_yaml() -> YAML:
     return y
 
 
-def _check_nodes(root: Node | None, path: str | None) -> None:
-    stack: list[Node] = [root] if root is not None else []
+def _check_nodes(root: Node | None, path: str | None = None) -> None:
+    # ruamel's nodes carry no type annotations: they are handled as Any, told apart by ``id``
+    stack: list[Any] = [root] if root is not None else []
     count = 0
     while stack:
-        node = stack.pop()
+        node: Any = stack.pop()
         count += 1
         if count > MAX_YAML_NODES:
             raise UnitFormatError("YAML document is too large", path=path,
@@ -59,17 +61,18 @@ def _check_nodes(root: Node | None, path: str | None) -> None:
                 f"YAML anchors and aliases are not allowed (&{anchor}, line {_line(node)})",
                 path=path, code="yaml_forbidden_construct",
             )
-        if node.tag not in _STANDARD_TAGS and not (
-            isinstance(node, ScalarNode) and node.tag.startswith("tag:yaml.org,2002:timestamp")
+        tag = str(node.tag)
+        if tag not in _STANDARD_TAGS and not (
+            node.id == ScalarNode.id and tag.startswith("tag:yaml.org,2002:timestamp")
         ):
             raise UnitFormatError(
-                f"YAML tag {node.tag!r} is not allowed (line {_line(node)})", path=path,
+                f"YAML tag {tag!r} is not allowed (line {_line(node)})", path=path,
                 code="yaml_forbidden_construct",
             )
-        if isinstance(node, MappingNode):
+        if node.id == MappingNode.id:
             for k, v in node.value:
                 stack.extend((k, v))
-        elif isinstance(node, SequenceNode):
+        elif node.id == SequenceNode.id:
             stack.extend(node.value)
 
 
@@ -84,30 +87,45 @@ def _flow_depth(text: str) -> int:
     return deepest
 
 
-def _line(node: Node) -> int:
-    return node.start_mark.line + 1 if node.start_mark else 0
+def _line(node: Any) -> int:
+    mark: Any = node.start_mark
+    return int(mark.line) + 1 if mark else 0
+
+
+class _CheckedConstructor(RoundTripConstructor):
+    """Refuses forbidden constructs on the composed tree before constructing anything."""
+
+    def construct_document(self, node: Any) -> Any:
+        _check_nodes(node)
+        base: Any = super()
+        return base.construct_document(node)
+
+
+def _loader() -> YAML:
+    y = make_yaml()
+    y.Constructor = _CheckedConstructor
+    return y
 
 
 def load_rt(text: str, *, path: str | None = None) -> Any:
     """Parse YAML text into round-trip data; a clear :class:`UnitFormatError` on any fault."""
-    y = make_yaml()
     if _flow_depth(text) > MAX_FLOW_DEPTH:
         raise UnitFormatError(f"YAML document is nested more than {MAX_FLOW_DEPTH} levels deep",
                               path=path, code="yaml_forbidden_construct")
     try:
-        root = y.compose(text)
-        _check_nodes(root, path)
-        return y.load(text)
-    except UnitFormatError:
-        raise
+        loader: Any = _loader()
+        return loader.load(text)
+    except UnitFormatError as exc:  # raised by the node check, which does not know the path
+        raise UnitFormatError(exc.message, path=path, code=exc.code) from None
     except RecursionError:
         # the composer recurses once per nesting level: a deeply nested document is a bomb
         raise UnitFormatError("YAML document is nested too deeply", path=path,
                               code="yaml_forbidden_construct") from None
     except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        err: Any = exc
+        mark: Any = err.problem_mark or err.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = exc.problem or exc.context or "malformed YAML"
+        problem = str(err.problem or err.context or "malformed YAML")
         raise UnitFormatError(f"malformed YAML: {problem}{where}", path=path,
                               code="front_matter_malformed") from None
     except (YAMLError, ValueError, TypeError) as exc:
@@ -116,33 +134,12 @@ def load_rt(text: str, *, path: str | None = None) -> Any:
                               code="front_matter_malformed") from None
 
 
-def dump_rt(data: Any) -> str:
-    """Serialize round-trip or plain data in the house style."""
-    buf = io.StringIO()
-    make_yaml().dump(data, buf)
-    return buf.getvalue()
-
-
-def to_rt(value: Any) -> Any:
-    """Plain data → round-trip containers, multi-line strings as literal blocks."""
-    if isinstance(value, dict):
-        m = CommentedMap()
-        for k, v in value.items():
-            m[k] = to_rt(v)
-        return m
-    if isinstance(value, (list, tuple)):
-        return CommentedSeq([to_rt(v) for v in value])
-    if isinstance(value, str) and "\n" in value:
-        return LiteralScalarString(value)
-    return value
-
-
 def to_plain(value: Any) -> Any:
     """Round-trip containers → plain dicts, lists and str (for pydantic)."""
     if isinstance(value, dict):
-        return {_key(k): to_plain(v) for k, v in value.items()}
+        return {_key(k): to_plain(v) for k, v in cast(dict[Any, Any], value).items()}
     if isinstance(value, list):
-        return [to_plain(v) for v in value]
+        return [to_plain(v) for v in cast(list[Any], value)]
     if isinstance(value, str):
         return str(value)
     return value

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: ruff, then pytest.
+# Set up (if needed) and run the whole test suite: ruff, pyright, then pytest.
 # Where PostgreSQL's server binaries are installed, a throw-away cluster is started so the
 # registry tests also run on Postgres (THT_TEST_POSTGRES_URL); it is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/pyright  # strict on evidence_runtime ([tool.pyright] in pyproject.toml)
 
 # The browser test of the Dagster UI needs Debian's Chromium; install it where we can.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

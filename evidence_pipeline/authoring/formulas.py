@@ -26,6 +26,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.curated_writer import (
+    curated_relpath,
+    document_from_unit,
+    dump_curated,
+    render_body,
+)
 from evidence_pipeline.authoring.ids import assign_id, slugify
 from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
@@ -58,13 +64,7 @@ from evidence_pipeline.validation.rules import (
     find_credentials,
     schema_problems,
 )
-from evidence_runtime.curated import (
-    curated_relpath,
-    decode_text,
-    document_from_unit,
-    dump_curated,
-    render_body,
-)
+from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.units import (
     ID_PREFIX,

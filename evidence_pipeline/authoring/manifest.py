@@ -11,10 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.units import SHA256_RE, check_evidence_id, check_source_path
-from evidence_runtime.yamlio import dump_rt, load_rt, to_plain
+from evidence_runtime.yamlio import load_rt, to_plain
 
 PIPELINE_VERSION = 1
 MANIFEST_NAME = "manifest.yaml"

@@ -24,6 +24,13 @@ from evidence_pipeline.authoring.backends.base import (
     PreviousUnit,
 )
 from evidence_pipeline.authoring.backends.factory import make_backend
+from evidence_pipeline.authoring.curated_writer import (
+    curated_relpath,
+    document_from_unit,
+    dump_curated,
+    render_body,
+    to_rt,
+)
 from evidence_pipeline.authoring.ids import assign_id
 from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
@@ -48,18 +55,10 @@ from evidence_pipeline.validation.rules import (
     schema_problems,
 )
 from evidence_pipeline.validation.validator import load_units
-from evidence_runtime.curated import (
-    CuratedDocument,
-    curated_relpath,
-    document_from_unit,
-    dump_curated,
-    parse_curated,
-    render_body,
-)
+from evidence_runtime.curated import CuratedDocument, parse_curated
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import SCHEMA_VERSION, UnitBase, parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
-from evidence_runtime.yamlio import to_rt
 
 RETIREMENT_CODE = "source_no_longer_supports_unit"
 

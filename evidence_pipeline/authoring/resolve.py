@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from evidence_pipeline.authoring.curated_writer import dump_curated
 from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     SourceEntry,
@@ -21,7 +22,7 @@ from evidence_pipeline.authoring.prepare import RETIREMENT_CODE, load_existing
 from evidence_pipeline.authoring.sources import SourceError, read_source
 from evidence_pipeline.gitrepo import require_clean
 from evidence_pipeline.lock import workspace_lock
-from evidence_runtime.curated import dump_curated, parse_curated
+from evidence_runtime.curated import parse_curated
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import check_evidence_id
 from evidence_runtime.workspace import load_workspace

@@ -24,6 +24,7 @@ from evidence_pipeline.orchestration.resources import (
 from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.publishing.fragments import Fragment
+from evidence_pipeline.publishing.index_writer import IndexWriter
 from evidence_pipeline.publishing.publish import (
     Candidate,
     PublishedCorpus,
@@ -41,7 +42,6 @@ from evidence_pipeline.publishing.publish import (
     require_publishable,
 )
 from evidence_pipeline.validation.corpus import LoadedUnit
-from evidence_runtime.index import EvidenceIndex
 from evidence_runtime.workspace import Workspace
 
 GROUP = "publishing"
@@ -59,7 +59,7 @@ class FragmentVectors:
 
 
 def _index(ws: Workspace, index: IndexResource, dense_dim: int
-           ) -> contextlib.closing[EvidenceIndex]:
+           ) -> contextlib.closing[IndexWriter]:
     """The index resource opened for one step (closed at the end of it)."""
     return contextlib.closing(open_target_index(
         ws, dense_dim, lambda w, dim: index.open(w, dense_dim=dim)))

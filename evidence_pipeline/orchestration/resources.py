@@ -8,16 +8,16 @@ bind them with ``dg.EnvVar``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from evidence_pipeline.authoring.backends.base import ModelBackend
 from evidence_pipeline.authoring.backends.factory import make_backend
+from evidence_pipeline.publishing.index_writer import IndexWriter, open_index_writer
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import ConfigError
-from evidence_runtime.index import EvidenceIndex, open_index
+from evidence_runtime.index import IndexConfig
 from evidence_runtime.search import index_config
 from evidence_runtime.workspace import RegistrySection, Workspace, load_workspace
 
@@ -54,32 +54,32 @@ class IndexResource(dg.ConfigurableResource):
     path: str | None = Field(default=None, description="Qdrant Edge shard directory.")
     collection: str | None = Field(default=None, description="Server collection name.")
 
-    def config(self, ws: Workspace) -> dict[str, Any]:
-        """The ``open_index`` configuration: the workspace's, with this resource's overrides."""
+    def config(self, ws: Workspace) -> IndexConfig:
+        """Where the index lives: the workspace's, with this resource's overrides."""
         if self.url and self.path:
             raise ConfigError("the index resource takes a url or a path, not both",
                               field="index")
         cfg = ws.config.index
         if self.url:
-            out: dict[str, Any] = {"engine": "server", "url": self.url,
-                                   "collection": self.collection or ws.config.collection,
-                                   "api_key_env": cfg.api_key_env, "bm25": cfg.bm25}
+            out = IndexConfig(engine="server", url=self.url,
+                              collection=self.collection or ws.config.collection,
+                              api_key_env=cfg.api_key_env, bm25=cfg.bm25)
         elif self.path:
-            out = {"engine": "edge", "path": str(Path(self.path).expanduser())}
+            out = IndexConfig(engine="edge", path=str(Path(self.path).expanduser()))
         else:
             out = index_config(ws)
-            if self.collection and out["engine"] == "server":
-                out["collection"] = self.collection
+            if self.collection and out.engine == "server":
+                out = out.model_copy(update={"collection": self.collection})
         if self.api_key:
-            out["api_key"] = self.api_key
+            out = out.model_copy(update={"api_key": self.api_key})
         return out
 
     def open(self, ws: Workspace, *, dense_dim: int | None = None,
-             create: bool = True) -> EvidenceIndex:
-        """Open (with ``create``, prepare) the index; close it promptly: an Edge shard is
-        held by one process at a time."""
-        return open_index(self.config(ws), language=ws.config.language, dense_dim=dense_dim,
-                          create=create)
+             create: bool = True) -> IndexWriter:
+        """Open (with ``create``, prepare) the index for publishing; close it promptly: an
+        Edge shard is held by one process at a time."""
+        return open_index_writer(self.config(ws), language=ws.config.language,
+                                 dense_dim=dense_dim, create=create)
 
 
 class EmbedderResource(dg.ConfigurableResource):

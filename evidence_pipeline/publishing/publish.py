@@ -42,14 +42,15 @@ from evidence_pipeline.publishing.evaluate import (
     evaluate,
 )
 from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
+from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter, open_index_writer
+from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
 from evidence_pipeline.validation.validator import validate_evidence_dir
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import EvidenceError, RegistryError
-from evidence_runtime.index import EvidenceIndex, IndexPoint, open_index
-from evidence_runtime.registry import Generation, GenerationStatus, Registry
+from evidence_runtime.registry import Generation, GenerationStatus
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, index_config
 from evidence_runtime.workspace import Workspace, load_workspace
 
@@ -122,13 +123,13 @@ def _step(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def open_registry(ws: Workspace) -> Registry:
+def open_registry(ws: Workspace) -> RegistryWriter:
     try:
         ensure_state_dir(ws.state_dir)
     except OSError as exc:  # e.g. a read-only or full disk: one clear line, not a traceback
         raise RegistryError(f"cannot create the state directory: {exc.strerror}",
                             path=str(ws.state_dir)) from None
-    return Registry.open(ws.registry_url)
+    return RegistryWriter.open(ws.registry_url)
 
 
 class PublishBusyError(PublishError):
@@ -233,7 +234,7 @@ def fragment_payload(ws: Workspace, revision: str, generation: int, item: Loaded
 
 def preprocess(root: Any, *, progress: Progress | None = None,
                embedder: Embedder | None = None,
-               index_factory: Callable[[Workspace, int], EvidenceIndex] | None = None,
+               index_factory: Callable[[Workspace, int], IndexWriter] | None = None,
                ) -> PublishResult:
     """``tht workspace preprocess evidence``: build, verify, evaluate and activate a generation.
 
@@ -270,7 +271,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
             index.close()
 
 
-def _publish(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+def _publish(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
              revision: str, loaded: list[LoadedUnit], frags: list[tuple[LoadedUnit, Fragment]],
              vectors: Any, evalset: Any, computed: int, timings: dict[str, float],
              say: Progress, t0: float) -> PublishResult:
@@ -312,7 +313,7 @@ class Candidate:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def activated_revision(ws: Workspace, registry: Registry) -> str:
+def activated_revision(ws: Workspace, registry: RegistryWriter) -> str:
     """The revision to publish; :class:`PublishError` when none is activated."""
     revision = registry.activated_revision(ws.config.workspace_id)
     if revision is None:
@@ -383,18 +384,18 @@ def embed_fragments(ws: Workspace, frags: list[tuple[LoadedUnit, Fragment]],
 
 
 def open_target_index(ws: Workspace, dense_dim: int,
-                      index_factory: Callable[[Workspace, int], EvidenceIndex] | None = None,
-                      ) -> EvidenceIndex:
+                      index_factory: Callable[[Workspace, int], IndexWriter] | None = None,
+                      ) -> IndexWriter:
     """The index to publish into (thoth.yaml's unless ``index_factory`` is given)."""
     try:
-        return index_factory(ws, dense_dim) if index_factory else open_index(
+        return index_factory(ws, dense_dim) if index_factory else open_index_writer(
             index_config(ws), language=ws.config.language, dense_dim=dense_dim, create=True)
     except EvidenceError as exc:  # e.g. the embedded shard is held by another process
         raise PublishError(f"cannot open the index: {exc}", code=exc.code) from exc
 
 
 @contextlib.contextmanager
-def _compensating(registry: Registry, index: EvidenceIndex, wid: str,
+def _compensating(registry: RegistryWriter, index: IndexWriter, wid: str,
                   generation: int) -> Iterator[None]:
     """On any failure: mark the candidate failed, remove its points, re-raise as PublishError.
 
@@ -418,7 +419,7 @@ def _compensating(registry: Registry, index: EvidenceIndex, wid: str,
         raise
 
 
-def build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+def build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
                     revision: str, loaded: list[LoadedUnit],
                     frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
                     say: Progress) -> Candidate:
@@ -428,7 +429,7 @@ def build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb
                                 computed=computed, say=say)
 
 
-def _build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
                      revision: str, loaded: list[LoadedUnit],
                      frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
                      say: Progress) -> Candidate:
@@ -464,7 +465,7 @@ def _build_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, em
     return Candidate(gen.number, revision, counts, timings)
 
 
-def evaluate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex, emb: Embedder,
+def evaluate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
                        candidate: Candidate, loaded: list[LoadedUnit],
                        evalset: Any) -> EvaluationReport:
     """Evaluate the candidate and record the report; a failed gate marks it failed and removes
@@ -498,7 +499,7 @@ def gate_failure(report: EvaluationReport) -> GateFailed:
                               f"{', '.join(missed[:10])}{regressed}")
 
 
-def activate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex,
+def activate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter,
                        candidate: Candidate, report: EvaluationReport, *,
                        say: Progress) -> list[int]:
     """Switch the active pointer to the candidate (only after its gate passed), then apply
@@ -528,7 +529,7 @@ def activate_candidate(ws: Workspace, registry: Registry, index: EvidenceIndex,
             return []
 
 
-def _is_active(registry: Registry, wid: str, number: int) -> bool:
+def _is_active(registry: RegistryWriter, wid: str, number: int) -> bool:
     try:
         active = registry.active_generation(wid)
     except EvidenceError:
@@ -544,7 +545,7 @@ class GateFailed(PublishError):
         self.report = report
 
 
-def verify_generation(index: EvidenceIndex, wid: str, generation: int, revision: str,
+def verify_generation(index: IndexWriter, wid: str, generation: int, revision: str,
                       points: list[IndexPoint], loaded: list[LoadedUnit]) -> dict[str, Any]:
     """Counts per unit and fragment, ids, readability and agreement with the corpus."""
     match = {"workspace_id": wid, "vector_generation": generation, "record_kind": RECORD_KIND}
@@ -578,7 +579,7 @@ def verify_generation(index: EvidenceIndex, wid: str, generation: int, revision:
     return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
 
 
-def _upload(index: EvidenceIndex, points: list[IndexPoint]) -> None:
+def _upload(index: IndexWriter, points: list[IndexPoint]) -> None:
     """All the points in one call (the embedded engine flushes once per call, ~0.2 s each).
 
     Under fault injection at ``upload_batch`` the first half goes in as a batch of its own and
@@ -590,7 +591,7 @@ def _upload(index: EvidenceIndex, points: list[IndexPoint]) -> None:
     index.upsert(points)
 
 
-def recover_interrupted(registry: Registry, index: EvidenceIndex, wid: str, *,
+def recover_interrupted(registry: RegistryWriter, index: IndexWriter, wid: str, *,
                         say: Progress) -> list[int]:
     """Clean up after a publisher that died (kill -9, power loss); call with the publish lock.
 
@@ -625,7 +626,7 @@ def recover_interrupted(registry: Registry, index: EvidenceIndex, wid: str, *,
     return recovered
 
 
-def _discard(index: EvidenceIndex, wid: str, generation: int) -> None:
+def _discard(index: IndexWriter, wid: str, generation: int) -> None:
     """Best-effort removal of a candidate's points (unreadable anyway without activation)."""
     # compensation must never hide the original failure
     with contextlib.suppress(Exception):
@@ -633,7 +634,7 @@ def _discard(index: EvidenceIndex, wid: str, generation: int) -> None:
                       "record_kind": RECORD_KIND})
 
 
-def apply_retention(registry: Registry, index: EvidenceIndex, wid: str, keep: int) -> list[int]:
+def apply_retention(registry: RegistryWriter, index: IndexWriter, wid: str, keep: int) -> list[int]:
     """Keep the points of the newest ``keep`` active/retired generations; delete older ones."""
     gens = [g for g in registry.generations(wid)
             if g.status in (GenerationStatus.active, GenerationStatus.retired)

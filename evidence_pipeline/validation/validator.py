@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     ManifestError,
@@ -30,7 +31,6 @@ from evidence_runtime.curated import (
 )
 from evidence_runtime.errors import UnitFormatError
 from evidence_runtime.workspace import load_workspace
-from evidence_runtime.yamlio import dump_rt
 
 _UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 

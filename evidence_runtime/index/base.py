@@ -1,0 +1,150 @@
+"""The read interface of the index, its record types and the helpers both engines share.
+
+Data model (spec §8, §9.7), the same on both engines: one collection (an Edge shard or a
+server collection) with the *default, unnamed* dense vector (Cosine) shared with Schema and
+Memory records, plus the sparse vector ``bm25`` with ``Modifier.IDF`` that only Evidence
+fragments carry. Schema/Memory records (``record_kind`` schema_table, schema_column, memory,
+solved_question) have only the dense vector; every read takes a filter so callers scope it to
+their own records.
+
+A :data:`Match` is ``{field: value}`` (MatchValue) or ``{field: [values]}`` (MatchAny: the
+point's value, or one of its list values, is one of them); all conditions are AND-ed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, cast, runtime_checkable
+
+import numpy.typing as npt
+import qdrant_edge as qe
+
+from evidence_runtime.errors import ConfigError
+
+__all__ = [
+    "BM25_MODEL",
+    "BM25_VECTOR",
+    "EvidenceIndex",
+    "Hit",
+    "Match",
+    "QueryMode",
+    "Vector",
+    "as_floats",
+    "bm25_model",
+    "check_match",
+    "check_query_args",
+    "sorted_hits",
+]
+
+BM25_VECTOR = "bm25"
+BM25_MODEL = "qdrant/bm25"
+SCROLL_PAGE = 1024
+
+Match = dict[str, str | int | bool | list[str] | list[int]]
+QueryMode = Literal["fused", "dense", "bm25"]
+Vector = Sequence[float] | npt.NDArray[Any]  # a dense vector: numbers, or the embedder's array
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One scored point; ``id`` is the point id as a string, ``payload`` a plain dict."""
+
+    id: str
+    score: float
+    payload: dict[str, Any]
+
+
+@runtime_checkable
+class EvidenceIndex(Protocol):
+    """What a reader of the index can do; both engines implement exactly these."""
+
+    def count(self, match: Match) -> int:
+        """Exact number of points matching ``match`` (``{}``: all points)."""
+        ...
+
+    def scroll_ids(self, match: Match) -> list[str]:
+        """Ids (as strings, sorted) of the points matching ``match``."""
+        ...
+
+    def query(
+        self,
+        *,
+        dense: Vector | None,
+        text: str | None,
+        match: Match,
+        limit: int,
+        mode: QueryMode = "fused",
+        prefetch_limit: int = 50,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        """Search Evidence fragments.
+
+        ``fused``: a dense prefetch on the default vector and a BM25 prefetch from ``text``, both
+        filtered by ``match``, fused by RRF with constant ``rrf_k``; ``dense`` / ``bm25``: one
+        branch alone (diagnostics). Hits come best first, ties broken by id.
+        """
+        ...
+
+    def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
+        """Plain dense search on the default vector over any records (Schema/Memory included)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (Edge: drop the shard lock). Idempotent."""
+        ...
+
+
+def check_match(match: Match) -> Iterator[tuple[str, Any, bool]]:
+    """Yield ``(field, value, is_any)`` for each condition, rejecting malformed ones."""
+    for field, value in match.items():
+        if isinstance(value, list):
+            items: list[Any] = list(value)
+            if not items:
+                raise ValueError(f"filter on {field!r} has an empty list: it would match nothing")
+            if all(isinstance(v, str) for v in items) or all(
+                isinstance(v, int) and not isinstance(v, bool) for v in items
+            ):
+                yield field, items, True
+                continue
+            raise ValueError(f"filter on {field!r}: a list must hold only str or only int")
+        if isinstance(value, str | int | bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            yield field, value, False
+            continue
+        raise ValueError(f"filter on {field!r}: unsupported value {value!r}")
+
+
+def as_floats(vector: Vector) -> list[float]:
+    """A plain list of floats (numpy arrays: one C call instead of a loop)."""
+    if isinstance(vector, Sequence):
+        return list(vector)
+    return cast(list[float], vector.tolist())
+
+
+def sorted_hits(hits: list[Hit]) -> list[Hit]:
+    """Best first; equal scores (frequent with RRF) ordered by id, identically on both engines."""
+    hits.sort(key=lambda h: (-h.score, h.id))
+    return hits
+
+
+def check_query_args(
+    mode: str, dense: Vector | None, text: str | None, limit: int
+) -> None:
+    if mode not in ("fused", "dense", "bm25"):
+        raise ValueError(f"unknown query mode {mode!r}")
+    if mode in ("fused", "dense") and dense is None:
+        raise ValueError(f"query mode {mode!r} needs a dense vector")
+    if mode in ("fused", "bm25") and text is None:
+        raise ValueError(f"query mode {mode!r} needs the query text")
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+
+
+def bm25_model(language: str) -> qe.Bm25:
+    """Edge's BM25 embedder for ``language``; :class:`ConfigError` for an unknown language."""
+    try:
+        return qe.Bm25(qe.Bm25Config(language=language))
+    except ValueError as exc:
+        raise ConfigError(
+            f"BM25 cannot use language {language!r}: {exc}", field="language"
+        ) from exc

@@ -1,0 +1,221 @@
+"""The embedded engine: a Qdrant Edge shard in a directory, opened for reading.
+
+BM25 tokens come from Edge's ``Bm25`` embedder, documented to produce the same token ids and
+formula as the server's ``qdrant/bm25`` (k=1.2, b=0.75, avg_len=256 on both sides). The
+publisher's writer (``evidence_pipeline.publishing.index_writer``) extends :class:`EdgeIndex`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Sequence
+from pathlib import Path
+from typing import Self
+
+import qdrant_edge as qe
+
+from evidence_runtime.errors import IndexError_, IndexLockedError, IndexUnavailableError
+from evidence_runtime.index.base import (
+    BM25_VECTOR,
+    SCROLL_PAGE,
+    Hit,
+    Match,
+    QueryMode,
+    Vector,
+    as_floats,
+    bm25_model,
+    check_match,
+    check_query_args,
+    sorted_hits,
+)
+
+__all__ = ["EDGE_CONFIG_FILE", "EdgeIndex", "edge_filter", "edge_open_error", "shard_exists"]
+
+EDGE_CONFIG_FILE = "edge_config.json"
+
+
+def edge_filter(match: Match) -> qe.Filter | None:
+    """The Edge filter of ``match`` (None when it is empty)."""
+    must: list[qe.FieldCondition] = [
+        qe.FieldCondition(key=field, match=qe.MatchAny(value) if is_any else qe.MatchValue(value))
+        for field, value, is_any in check_match(match)
+    ]
+    return qe.Filter(must=must) if must else None  # pyright: ignore[reportArgumentType]
+
+
+def edge_open_error(exc: Exception, path: Path) -> IndexError_:
+    """The typed error of a failed open: another process holds the shard, or it is unusable."""
+    message = str(exc)
+    if "WouldBlock" in message:
+        return IndexLockedError(
+            "the embedded index is open in another process (Qdrant Edge allows one process "
+            "at a time); close it there, or point the workspace at a Qdrant server",
+            path=str(path),
+        )
+    return IndexUnavailableError(f"cannot open the embedded index: {message}", path=str(path))
+
+
+def shard_exists(path: Path) -> bool:
+    """Whether a shard was created at ``path`` (the engine writes its configuration file)."""
+    return (path / EDGE_CONFIG_FILE).is_file()
+
+
+def _scored(points: Sequence[qe.ScoredPoint]) -> list[Hit]:
+    return sorted_hits([Hit(str(p.id), p.score, dict(p.payload or {})) for p in points])
+
+
+class EdgeIndex:
+    """A Qdrant Edge shard (the embedded default), read-only.
+
+    The shard takes an exclusive lock: while this object is open no other process can open the
+    same directory (:class:`IndexLockedError`); :meth:`close` releases it.
+    """
+
+    def __init__(
+        self, path: Path, shard: qe.EdgeShard | None, *, language: str, bm25: qe.Bm25
+    ) -> None:
+        """Use :meth:`open`."""
+        self.path = path
+        self.language = language
+        self._shard = shard
+        self._closed = False
+        self._bm25 = bm25  # built once: the per-query cost is only tokenizing the text
+
+    @classmethod
+    def open(cls, path: Path | str, *, language: str = "italian") -> Self:
+        """Open the existing shard at ``path``: :class:`IndexUnavailableError` when there is
+        none, :class:`IndexLockedError` when another process holds it."""
+        path = Path(path)
+        bm25 = bm25_model(language)  # a bad language fails before any file is touched
+        if not shard_exists(path):
+            raise IndexUnavailableError("no embedded index at this path", path=str(path))
+        return cls(path, cls._load(path), language=language, bm25=bm25)
+
+    @staticmethod
+    def _load(path: Path) -> qe.EdgeShard:
+        try:
+            return qe.EdgeShard.load(str(path))
+        except Exception as exc:  # the binding raises plain Exception for engine errors
+            raise edge_open_error(exc, path) from exc
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _live(self) -> qe.EdgeShard:
+        if self._closed:
+            raise IndexUnavailableError("the embedded index was closed", path=str(self.path))
+        if self._shard is None:
+            raise IndexUnavailableError(
+                "the embedded index does not exist yet (publish a generation first)",
+                path=str(self.path),
+            )
+        return self._shard
+
+    @contextlib.contextmanager
+    def _engine(self, what: str) -> Generator[None, None, None]:
+        try:
+            yield
+        except Exception as exc:  # the binding raises plain Exception/ValueError for the engine
+            raise IndexError_(f"{what} failed: {exc}", path=str(self.path)) from exc
+
+    def count(self, match: Match) -> int:
+        shard = self._live()
+        with self._engine("counting points"):
+            return shard.count(qe.CountRequest(exact=True, filter=edge_filter(match)))
+
+    def scroll_ids(self, match: Match) -> list[str]:
+        shard = self._live()
+        flt = edge_filter(match)
+        ids: list[str] = []
+        offset: qe.PointId | None = None
+        with self._engine("listing points"):
+            while True:
+                records, offset = shard.scroll(
+                    qe.ScrollRequest(
+                        offset=offset,
+                        limit=SCROLL_PAGE,
+                        filter=flt,
+                        with_payload=False,
+                        with_vector=False,
+                    )
+                )
+                ids.extend(str(r.id) for r in records)
+                if offset is None:
+                    break
+        ids.sort()
+        return ids
+
+    def query(
+        self,
+        *,
+        dense: Vector | None,
+        text: str | None,
+        match: Match,
+        limit: int,
+        mode: QueryMode = "fused",
+        prefetch_limit: int = 50,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        check_query_args(mode, dense, text, limit)
+        shard = self._live()
+        flt = edge_filter(match)
+        if mode == "dense":
+            assert dense is not None
+            request = qe.QueryRequest(
+                limit=limit, query=qe.Query.Nearest(as_floats(dense)), filter=flt,
+                with_payload=True,
+            )
+        elif mode == "bm25":
+            assert text is not None
+            request = qe.QueryRequest(
+                limit=limit,
+                query=qe.Query.Nearest(self._bm25.embed_query(text), using=BM25_VECTOR),
+                filter=flt,
+                with_payload=True,
+            )
+        else:
+            assert dense is not None and text is not None
+            request = qe.QueryRequest(
+                limit=limit,
+                prefetches=[
+                    qe.Prefetch(
+                        limit=prefetch_limit, query=qe.Query.Nearest(as_floats(dense)), filter=flt
+                    ),
+                    qe.Prefetch(
+                        limit=prefetch_limit,
+                        query=qe.Query.Nearest(self._bm25.embed_query(text), using=BM25_VECTOR),
+                        filter=flt,
+                    ),
+                ],
+                # the stubs leave Fusion.Rrf out of the query union; the engine takes it
+                query=qe.Fusion.Rrf(k=rrf_k),  # pyright: ignore[reportArgumentType]
+                with_payload=True,
+            )
+        with self._engine("searching"):
+            points = shard.query(request)
+        return _scored(points)
+
+    def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
+        shard = self._live()
+        request = qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(as_floats(vector)),
+            filter=edge_filter(match),
+            with_payload=True,
+        )
+        with self._engine("searching"):
+            points = shard.query(request)
+        return _scored(points)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            with contextlib.suppress(Exception):
+                shard.flush()
+            shard.close()

@@ -1,0 +1,201 @@
+"""The server engine: a collection on a Qdrant server (or qdrant-client's local mode), read-only.
+
+``bm25="server"`` sends ``Document(model="qdrant/bm25", options={"language": ...})`` and lets
+the server compute the sparse vectors (spec §9.3); ``bm25="client"`` computes them with Edge's
+``Bm25`` embedder (same token ids), which also works in qdrant-client's local mode, where
+server-side inference does not exist. The two must not be mixed on one collection. The
+publisher's writer (``evidence_pipeline.publishing.index_writer``) extends :class:`ServerIndex`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from evidence_runtime.errors import ConfigError, IndexError_, IndexUnavailableError
+from evidence_runtime.index.base import (
+    BM25_MODEL,
+    BM25_VECTOR,
+    SCROLL_PAGE,
+    Hit,
+    Match,
+    QueryMode,
+    Vector,
+    as_floats,
+    bm25_model,
+    check_match,
+    check_query_args,
+    sorted_hits,
+)
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient, models
+
+__all__ = ["ServerIndex"]
+
+Bm25Mode = Literal["server", "client"]
+
+
+class ServerIndex:
+    """A collection on a Qdrant server (or ``QdrantClient(":memory:")`` / ``path=``), read-only.
+
+    :meth:`close` closes the client.
+    """
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        collection: str,
+        *,
+        language: str = "italian",
+        bm25: Bm25Mode = "server",
+    ) -> None:
+        from qdrant_client import models
+
+        if bm25 not in ("server", "client"):
+            raise ConfigError(f"unknown bm25 mode {bm25!r}", field="index.bm25")
+        self.client = client
+        self.collection = collection
+        self.language = language
+        self.bm25: Bm25Mode = bm25
+        self._m = models
+        self._bm25 = bm25_model(language)  # also checks the language in server mode
+        self._doc_options = {"language": language}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _engine(self, what: str) -> Generator[None, None, None]:
+        from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+        where = f"collection {self.collection}"
+        try:
+            yield
+        except UnexpectedResponse as exc:
+            detail = exc.content.decode("utf-8", "replace")[:300] if exc.content else ""
+            if exc.status_code == 404:
+                raise IndexUnavailableError(f"{what}: not found {detail}", path=where) from exc
+            raise IndexError_(
+                f"{what} failed: HTTP {exc.status_code} {detail}".rstrip(), path=where
+            ) from exc
+        except (ResponseHandlingException, OSError) as exc:  # refused, reset, timed out
+            raise IndexUnavailableError(
+                f"{what}: the Qdrant server cannot be reached: {exc}", path=where
+            ) from exc
+        except ValueError as exc:  # local mode reports a missing collection as ValueError
+            if "not found" in str(exc):
+                raise IndexUnavailableError(f"{what}: {exc}", path=where) from exc
+            raise IndexError_(f"{what} failed: {exc}", path=where) from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith("grpc"):
+                raise IndexUnavailableError(f"{what}: {exc}", path=where) from exc
+            raise
+
+    def _filter(self, match: Match) -> models.Filter | None:
+        m = self._m
+        must: list[Any] = [
+            m.FieldCondition(
+                key=field, match=m.MatchAny(any=value) if is_any else m.MatchValue(value=value)
+            )
+            for field, value, is_any in check_match(match)
+        ]
+        return m.Filter(must=must) if must else None
+
+    def _query_vector(self, text: str) -> models.Document | models.SparseVector:
+        if self.bm25 == "server":
+            return self._m.Document(text=text, model=BM25_MODEL, options=self._doc_options)
+        sv = self._bm25.embed_query(text)
+        return self._m.SparseVector(indices=sv.indices, values=sv.values)
+
+    def exists(self) -> bool:
+        """Whether the collection exists (:class:`IndexUnavailableError` when unreachable)."""
+        with self._engine("opening the collection"):
+            return self.client.collection_exists(self.collection)
+
+    def count(self, match: Match) -> int:
+        with self._engine("counting points"):
+            return self.client.count(
+                self.collection, count_filter=self._filter(match), exact=True
+            ).count
+
+    def scroll_ids(self, match: Match) -> list[str]:
+        flt = self._filter(match)
+        ids: list[str] = []
+        offset: Any = None
+        with self._engine("listing points"):
+            while True:
+                records, offset = self.client.scroll(
+                    self.collection,
+                    scroll_filter=flt,
+                    limit=SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=False,
+                    with_vectors=False,
+                )
+                ids.extend(str(r.id) for r in records)
+                if offset is None:
+                    break
+        ids.sort()
+        return ids
+
+    def query(
+        self,
+        *,
+        dense: Vector | None,
+        text: str | None,
+        match: Match,
+        limit: int,
+        mode: QueryMode = "fused",
+        prefetch_limit: int = 50,
+        rrf_k: int = 60,
+    ) -> list[Hit]:
+        check_query_args(mode, dense, text, limit)
+        m = self._m
+        flt = self._filter(match)
+        kwargs: dict[str, Any]
+        if mode == "dense":
+            assert dense is not None
+            kwargs = {"query": as_floats(dense), "query_filter": flt}
+        elif mode == "bm25":
+            assert text is not None
+            kwargs = {"query": self._query_vector(text), "using": BM25_VECTOR,
+                      "query_filter": flt}
+        else:
+            assert dense is not None and text is not None
+            kwargs = {
+                "prefetch": [
+                    m.Prefetch(query=as_floats(dense), filter=flt, limit=prefetch_limit),
+                    m.Prefetch(
+                        query=self._query_vector(text),
+                        using=BM25_VECTOR,
+                        filter=flt,
+                        limit=prefetch_limit,
+                    ),
+                ],
+                "query": m.RrfQuery(rrf=m.Rrf(k=rrf_k)),
+            }
+        with self._engine("searching"):
+            points = self.client.query_points(
+                self.collection, limit=limit, with_payload=True, **kwargs
+            ).points
+        return sorted_hits([Hit(str(p.id), p.score, p.payload or {}) for p in points])
+
+    def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
+        with self._engine("searching"):
+            points = self.client.query_points(
+                self.collection,
+                query=as_floats(vector),
+                query_filter=self._filter(match),
+                limit=limit,
+                with_payload=True,
+            ).points
+        return sorted_hits([Hit(str(p.id), p.score, p.payload or {}) for p in points])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
