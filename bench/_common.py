@@ -159,3 +159,15 @@ def measure(fn: Any, *, trace: bool = False) -> tuple[Any, dict[str, float]]:
         out["tracemalloc_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
         tracemalloc.stop()
     return value, out
+
+
+def run_tht(*args: str, env: dict[str, str] | None = None) -> float:
+    """Run a `tht` command that has no --json output (e.g. `demo init`); return its wall time.
+    Fails loudly."""
+    started = time.perf_counter()
+    proc = subprocess.run([THT, *args], capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"tht {' '.join(args)} exited {proc.returncode}: "
+                           f"{proc.stderr.strip()[-1500:]}\n{proc.stdout[-1500:]}")
+    return time.perf_counter() - started
