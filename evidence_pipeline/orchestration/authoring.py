@@ -44,7 +44,7 @@ from evidence_pipeline.orchestration.partitions import (
 from evidence_pipeline.orchestration.progress import forward
 from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
 from evidence_pipeline.validation.problems import Severity, ValidationReport
-from evidence_pipeline.validation.validator import validate_evidence_dir
+from evidence_pipeline.validation.validator import validate_corpus
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.workspace import Workspace
 
@@ -292,8 +292,7 @@ def applied_batch(validated_units: Any) -> Any:
 def curated_corpus(workspace: WorkspaceResource) -> dg.Output[ValidationReport]:
     """The curated units of the work tree validated (``tht evidence validate``)."""
     ws = workspace.load()
-    report, loaded = validate_evidence_dir(ws.evidence_dir, patterns=ws.config.evidence.patterns,
-                                           shown_prefix=f"{ws.config.evidence.root}/")
+    report, loaded = validate_corpus(ws)
     return dg.Output(report, metadata=corpus_metadata(report, loaded))
 
 

@@ -46,8 +46,8 @@ from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter, o
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.corpus import LoadedUnit
-from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
-from evidence_pipeline.validation.validator import validate_evidence_dir
+from evidence_pipeline.validation.problems import Problem, ValidationReport, sort_problems
+from evidence_pipeline.validation.validator import atomic_problem, validate_corpus
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import EvidenceError, RegistryError
 from evidence_runtime.registry import Generation, GenerationStatus
@@ -331,8 +331,7 @@ def materialize_corpus(ws: Workspace, revision: str) -> PublishedCorpus:
                            f"{exc.strerror or exc}", code="materialize_failed",
                            path=str(ws.state_dir / "revisions")) from None
     evidence_dir = mat / ws.config.evidence.root
-    report, loaded = validate_evidence_dir(evidence_dir, patterns=ws.config.evidence.patterns,
-                                           shown_prefix=f"{ws.config.evidence.root}/")
+    report, loaded = validate_corpus(ws, evidence_dir)
     return PublishedCorpus(revision, evidence_dir, report, loaded)
 
 
@@ -357,9 +356,8 @@ def cut_fragments(ws: Workspace, loaded: list[LoadedUnit]) -> list[tuple[LoadedU
             for fr in build_fragments(item.unit, item.doc.body, max_chars):
                 frags.append((item, fr))
         except AtomicTooLarge as exc:
-            problems.append(Problem("atomic_content_too_large", Severity.error,
-                                    f"{ws.config.evidence.root}/{item.rel_path}",
-                                    item.unit.id, str(exc), exc.field))
+            problems.append(atomic_problem(f"{ws.config.evidence.root}/{item.rel_path}",
+                                           item.unit.id, exc.field, str(exc)))
     if problems:
         raise PublishError(f"atomic elements do not fit in one fragment: "
                            f"{_named(problems)}", problems)

@@ -18,6 +18,7 @@ from evidence_pipeline.authoring.manifest import (
     ManifestError,
     read_manifest,
 )
+from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
 from evidence_pipeline.validation.rules import (
@@ -30,7 +31,7 @@ from evidence_runtime.curated import (
     read_curated,
 )
 from evidence_runtime.errors import UnitFormatError
-from evidence_runtime.workspace import load_workspace
+from evidence_runtime.workspace import Workspace, load_workspace
 
 _UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
@@ -84,8 +85,14 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
 
 def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
                           shown_prefix: str = "evidence/",
+                          max_chunk_chars: int | None = None,
                           ) -> tuple[ValidationReport, list[LoadedUnit]]:
-    """Validate a whole evidence directory (work tree or materialized revision)."""
+    """Validate a whole evidence directory (work tree or materialized revision).
+
+    With ``max_chunk_chars``, a unit holding an atomic element that cannot fit one fragment is
+    reported here (``atomic_content_too_large``), before any publish finds it; a workspace's
+    corpus is validated with its own limit by :func:`validate_corpus`.
+    """
     sources = SourceReader(evidence_dir)
     problems: list[Problem] = []
     try:
@@ -99,15 +106,47 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
                                        sources=sources, skip_source=skip)
     problems.extend(unit_problems)
+    if max_chunk_chars is not None:
+        problems.extend(oversized_problems(loaded, max_chunk_chars, shown_prefix=shown_prefix))
     if manifest is not None or not problems:
         problems.extend(check_corpus(loaded, manifest, shown_prefix=shown_prefix,
                                      sources=sources))
     return ValidationReport(units=len(rel_paths), problems=problems), loaded
 
 
+def atomic_problem(path: str, evidence_id: str, field: str, message: str) -> Problem:
+    """The finding of an atomic element too large for one fragment (spec §9.8): a review item,
+    the same wherever it is found (validate, prepare's output, a publish that cut fragments)."""
+    return Problem(ATOMIC_TOO_LARGE, Severity.review, path, evidence_id, message, field)
+
+
+def oversized_problems(loaded: Iterable[LoadedUnit], max_chunk_chars: int, *,
+                       shown_prefix: str) -> list[Problem]:
+    """``atomic_content_too_large`` for each unit with an element too large for one fragment
+    that does not already carry that review item (prepare writes it into the unit)."""
+    out: list[Problem] = []
+    for item in loaded:
+        unit, doc = item.unit, item.doc
+        if unit is None or doc is None or any(r.code == ATOMIC_TOO_LARGE
+                                              for r in unit.review_items):
+            continue
+        out.extend(atomic_problem(f"{shown_prefix}{item.rel_path}", unit.id, field, message)
+                   for field, message in atomic_problems(unit, doc.body, max_chunk_chars))
+    return out
+
+
+def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
+                    ) -> tuple[ValidationReport, list[LoadedUnit]]:
+    """The corpus of ``ws`` checked as publishing checks it: every rule, and fragments within
+    the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default, or a
+    materialized revision's."""
+    return validate_evidence_dir(evidence_dir or ws.evidence_dir,
+                                 patterns=ws.config.evidence.patterns,
+                                 shown_prefix=f"{ws.config.evidence.root}/",
+                                 max_chunk_chars=ws.config.embeddings.max_chunk_chars)
+
+
 def validate_workspace(root: Path) -> ValidationReport:
     """``tht evidence validate``: the work tree of a workspace."""
-    ws = load_workspace(root)
-    report, _ = validate_evidence_dir(ws.evidence_dir, patterns=ws.config.evidence.patterns,
-                                      shown_prefix=f"{ws.config.evidence.root}/")
+    report, _ = validate_corpus(load_workspace(root))
     return report
