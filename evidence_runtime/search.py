@@ -213,12 +213,14 @@ class EvidenceSearcher:
     done; while a searcher holds it, publishing fails fast with ``index_locked``. Publishing
     next to a live application needs a Qdrant server (the same code, ``engine: server``)."""
 
-    def __init__(self, *, workspace_id: str, registry: Registry, embedder: Embedder,
+    def __init__(self, *, workspace_id: str, registry: Registry | None = None,
+                 embedder: Embedder, registry_url: str | None = None,
                  index: EvidenceIndex | None = None, index_config: IndexConfig | None = None,
                  language: str = "italian", revisions_dir: Path | None = None,
                  rrf_k: int = 60, prefetch_limit: int = 50) -> None:
         self.workspace_id = workspace_id
-        self.registry = registry
+        self._registry = registry
+        self._registry_url = registry_url
         self.embedder = embedder
         self.language = language
         self.revisions_dir = revisions_dir
@@ -243,7 +245,8 @@ class EvidenceSearcher:
                                         threads=cfg.embeddings.threads)
         searcher = cls(
             workspace_id=cfg.workspace_id,
-            registry=registry or Registry.open(ws.registry_url),
+            registry=registry,
+            registry_url=ws.registry_url,
             embedder=emb,
             index=index,
             index_config=index_config(ws),
@@ -256,6 +259,17 @@ class EvidenceSearcher:
         return searcher
 
     # --- resources ------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> Registry:
+        """The registry, opened on first use from the workspace's URL (a fault opening it is
+        :class:`RegistryError`, answered as ``registry_unavailable`` by :meth:`search`)."""
+        with self._lock:
+            if self._registry is None:
+                if self._registry_url is None:
+                    raise RegistryError("no registry configured")
+                self._registry = Registry.open(self._registry_url)
+            return self._registry
 
     def index(self) -> EvidenceIndex:
         with self._lock:
@@ -272,9 +286,9 @@ class EvidenceSearcher:
             if self._index is not None and self._owns_index:
                 self._index.close()
                 self._index = None
-            if self._owns_registry:
-                self._owns_registry = False
-                self.registry.close()
+            if self._owns_registry and self._registry is not None:
+                self._registry.close()
+                self._registry = None
 
     def __enter__(self) -> EvidenceSearcher:
         return self
@@ -291,7 +305,8 @@ class EvidenceSearcher:
             revision, active = self.registry.active_state(self.workspace_id)
             chosen = active if generation is None else self.registry.get_generation(
                 self.workspace_id, generation)
-        except RegistryError as exc:
+        except RegistryError as exc:  # unreachable, locked, damaged or corrupt: fail closed
+            self._reset_registry()
             return unavailable(UnavailableCode.registry_unavailable, exc.message)
         if generation is not None and chosen is None:
             return unavailable(UnavailableCode.generation_unknown,
@@ -353,6 +368,15 @@ class EvidenceSearcher:
         return EvidenceSearchOutcome(status="available", generation=gen.number,
                                      revision=revision, purpose=purpose,
                                      results=tuple(results))
+
+    def _reset_registry(self) -> None:
+        """Forget a registry this searcher opened, so the next call opens it again (it may
+        have been repaired or restored meanwhile)."""
+        with self._lock:
+            if self._owns_registry and self._registry is not None:
+                with contextlib.suppress(EvidenceError):
+                    self._registry.close()
+                self._registry = None
 
     def _reset_index(self) -> None:
         with self._lock:

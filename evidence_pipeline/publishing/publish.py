@@ -316,6 +316,8 @@ class Candidate:
 def activated_revision(ws: Workspace, registry: RegistryWriter) -> str:
     """The revision to publish; :class:`PublishError` when none is activated."""
     revision = registry.activated_revision(ws.config.workspace_id)
+    # every generation read back now: a corrupt registry stops the run before any work
+    registry.generations(ws.config.workspace_id)
     if revision is None:
         raise PublishError("no revision is activated for this workspace; run "
                            "`tht workspace activate` first", path=str(ws.root))
