@@ -337,8 +337,8 @@ def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
     assert (got.status, got.model_calls) == ("applied", 1)
     assert (got.written, got.deleted, got.diff) == (expected.written, expected.deleted,
                                                      expected.diff)
-    assert [r.to_json() | {"model_seconds": None} for r in got.sources] == \
-        [r.to_json() | {"model_seconds": None} for r in expected.sources]
+    assert [r.model_dump(mode="json") | {"model_seconds": None} for r in got.sources] == \
+        [r.model_dump(mode="json") | {"model_seconds": None} for r in expected.sources]
     for rel in expected.written:
         assert (via_dagster / rel).read_bytes() == (plain / rel).read_bytes()
     # the per-source stages of the batch are recorded on the partition of NOTE

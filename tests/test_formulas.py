@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from evidence_pipeline import apply
+from evidence_pipeline.authoring import apply
 from evidence_pipeline.authoring.curated_writer import dump_curated
 from evidence_pipeline.authoring.formulas import (
     LEGACY_INCOMPATIBLE,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from evidence_pipeline.authoring import apply
 from evidence_pipeline.authoring.backends.base import (
     ModelBackendError,
     ModelReply,
@@ -24,7 +25,7 @@ from evidence_pipeline.authoring.backends.base import (
     ProposedUnit,
     RetirementProposal,
 )
-from evidence_pipeline.authoring.manifest import read_manifest
+from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
 from evidence_pipeline.authoring.prepare import PrepareError, prepare
 from evidence_pipeline.authoring.resolve import ResolveError, resolve
 from evidence_pipeline.cli import main
@@ -368,6 +369,69 @@ def test_incompatible_pipeline_version_stops_and_upgrade_reprocesses(prepared) -
     assert len(backend.calls) == 2
     assert read_manifest(ws / "evidence").pipeline_version == 1
     assert validate_workspace(ws).status.value == "publishable"
+
+
+def _old_pipeline(ws: Path) -> None:
+    m = ws / "evidence/manifest.yaml"
+    m.write_text(m.read_text(encoding="utf-8").replace("pipeline_version: 1",
+                                                       "pipeline_version: 0"), encoding="utf-8")
+    commit(ws, "old pipeline")
+
+
+def test_every_authoring_command_gives_the_one_pipeline_version_message(
+        prepared, tmp_path: Path) -> None:
+    ws, _ = prepared
+    _old_pipeline(ws)
+    before = tree_snapshot(ws)
+    message = incompatible_version(0)
+    store = tmp_path / "legacy" / "formulas"
+    store.mkdir(parents=True)
+    (store / "eta.sql.md").write_text("# Età\n\nEtà.\n\nColonne: clinical.patient.birth_date\n\n"
+                                      "```sql\nage(patient.birth_date)\n```\n", encoding="utf-8")
+    runner = CliRunner()
+    for args in (["prepare", str(ws), "--backend", "structural"],
+                 ["resolve", "evidence:ricovero", "--retire", "--workspace", str(ws)],
+                 ["import-formulas", str(ws), str(tmp_path / "legacy")]):
+        r = runner.invoke(main, ["evidence", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert r.stderr.strip() == f"error: evidence/manifest.yaml: pipeline_version: {message}"
+        assert tree_snapshot(ws) == before  # resolve used to retire the unit anyway
+    r = runner.invoke(main, ["evidence", "validate", str(ws), "--json"])
+    assert [p["message"] for p in json.loads(r.stdout)["problems"]
+            if p["code"] == "pipeline_version_incompatible"] == [message]
+
+
+def test_resolve_after_an_interrupted_apply_says_it_was_completed(
+        prepared, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, _ = prepared
+    (ws / "evidence/source/ricovero.md").write_text(RICOVERO + "\nAltro.\n", encoding="utf-8")
+    commit(ws, "edit")
+    backend = ScriptedBackend({"source/ricovero.md": reply(glossary(
+        "Ricovero", "ricovero", "Periodo in cui il paziente occupa un posto letto.",
+        "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto.",
+        uid="evidence:ricovero"))})
+
+    def crash(name: str) -> None:
+        if name == "after_commit":
+            raise KeyboardInterrupt  # stands in for a kill after the commit point
+
+    monkeypatch.setattr(apply, "_STEP_HOOK", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare(ws, backend)
+    monkeypatch.setattr(apply, "_STEP_HOOK", None)
+    assert status(ws) == ""
+    r = CliRunner().invoke(main, ["evidence", "resolve", "evidence:codice-sesso", "--retire",
+                                  "--workspace", str(ws)])
+    assert r.exit_code == 2, r.output
+    assert "resolve did not run: an interrupted apply was completed first (completed " \
+           "interrupted apply prepare-" in r.stderr
+    assert "commit it, then run resolve again" in r.stderr
+    # the interrupted batch is applied (the manifest has the new hash), the unit not retired
+    assert status(ws).splitlines() == [" M evidence/curated/glossary/ricovero.md",
+                                       " M evidence/manifest.yaml"]
+    assert (ws / "evidence/curated/domain/codice-sesso.md").is_file()
+    commit(ws, "reviewed")
+    assert resolve(ws, "evidence:codice-sesso", retire=True).action == "retired"
 
 
 def test_lock_refuses_a_second_authoring_command(prepared) -> None:

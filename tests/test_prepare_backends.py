@@ -23,7 +23,7 @@ from evidence_pipeline.authoring.backends.base import (
     ProposedUnit,
     RetirementProposal,
 )
-from evidence_pipeline.authoring.prepare import relink_dropped_units
+from evidence_pipeline.authoring.relink import relink_dropped_units
 from evidence_pipeline.cli import main
 from evidence_pipeline.validation.validator import validate_workspace
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted

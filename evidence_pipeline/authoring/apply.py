@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,11 +167,3 @@ def _prune_empty_dirs(directory: Path, root: Path) -> None:
         directory.rmdir()
         directory = directory.parent
 
-
-def current_bytes(root: Path, rels: Mapping[str, bytes] | set[str]) -> dict[str, bytes | None]:
-    """Snapshot of the given files (None when absent), e.g. to diff or verify a batch."""
-    out: dict[str, bytes | None] = {}
-    for rel in rels:
-        f = root / rel
-        out[rel] = f.read_bytes() if f.is_file() else None
-    return out

@@ -19,6 +19,8 @@ from evidence_runtime.yamlio import load_rt, to_plain
 
 PIPELINE_VERSION = 1
 MANIFEST_NAME = "manifest.yaml"
+# the review item a retirement candidate's unit carries (set by prepare, cleared by resolve)
+RETIREMENT_CODE = "source_no_longer_supports_unit"
 
 
 class ManifestError(EvidenceError):
@@ -93,6 +95,21 @@ class Manifest(BaseModel):
             "orphans": sorted(set(self.orphans)),
             "retirement_candidates": sorted(set(self.retirement_candidates)),
         }
+
+
+def incompatible_version(found: int) -> str:
+    """The one message for a manifest written by another pipeline version."""
+    return (f"manifest pipeline_version {found} is not compatible with this installation "
+            f"({PIPELINE_VERSION}); run `tht evidence prepare --upgrade` on a clean repository "
+            "to reprocess every source")
+
+
+def require_compatible(manifest: Manifest, *, shown: str) -> None:
+    """Raise :class:`ManifestError` (``pipeline_version_incompatible``) unless ``manifest`` was
+    written by this pipeline version."""
+    if manifest.pipeline_version != PIPELINE_VERSION:
+        raise ManifestError(incompatible_version(manifest.pipeline_version), path=shown,
+                            field="pipeline_version", code="pipeline_version_incompatible")
 
 
 def empty_manifest() -> Manifest:

@@ -1,28 +1,27 @@
 """``tht evidence resolve``: retire a unit, or relink it to an existing source (spec §6).
 
-Both actions need a clean tree, update curated file and manifest together (all or nothing) and
-make no commit.
+Both actions run in the authoring session (lock, recovery, clean tree, manifest and its
+``pipeline_version``), update curated file and manifest together (all or nothing) and make no
+commit.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
+from pydantic import BaseModel, ConfigDict
+
+from evidence_pipeline.authoring.apply import Batch
 from evidence_pipeline.authoring.curated_writer import dump_curated
 from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
+    RETIREMENT_CODE,
     SourceEntry,
     dump_manifest,
-    read_manifest,
 )
-from evidence_pipeline.authoring.prepare import RETIREMENT_CODE, load_existing
+from evidence_pipeline.authoring.relink import cite_source
+from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import SourceError, read_source
-from evidence_pipeline.gitrepo import require_clean
-from evidence_pipeline.lock import workspace_lock
-from evidence_runtime.curated import parse_curated
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import check_evidence_id
 from evidence_runtime.workspace import load_workspace
@@ -32,8 +31,11 @@ class ResolveError(EvidenceError):
     code = "resolve_failed"
 
 
-@dataclass
-class ResolveResult:
+class ResolveResult(BaseModel):
+    """What resolve did; ``model_dump(mode="json")`` is ``resolve --json``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     action: str  # "retired" | "relinked"
     evidence_id: str
     written: list[str]
@@ -42,7 +44,11 @@ class ResolveResult:
 
 def resolve(root: Path, evidence_id: str, *, retire: bool = False,
             source: str | None = None) -> ResolveResult:
-    """Retire ``evidence_id`` or relink it to ``source`` (relative to evidence/ or the root)."""
+    """Retire ``evidence_id`` or relink it to ``source`` (relative to evidence/ or the root).
+
+    Refuses (nothing written) when an interrupted apply had to be completed first: that change
+    is reviewed before another is made.
+    """
     if retire == (source is not None):
         raise ResolveError("give exactly one of --retire or --source", evidence_id=evidence_id)
     try:
@@ -50,20 +56,17 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
     except ValueError as exc:
         raise ResolveError(str(exc), evidence_id=evidence_id, field="id") from None
     ws = load_workspace(root)
-    ev = ws.config.evidence.root.strip("/")
-    local = ws.root / ".tht"
-    with workspace_lock(local, what="resolve"):
-        recover(ws.root, local)
-        require_clean(ws.root, (f"{ev}/curated", f"{ev}/{MANIFEST_NAME}"), what="resolve")
-        manifest_rel = f"{ev}/{MANIFEST_NAME}"
-        manifest = read_manifest(ws.evidence_dir, shown=manifest_rel)
-        if manifest is None:
+    with AuthoringSession.open(ws, what="resolve") as session:
+        session.refuse_if_rolled_forward()
+        session.load()
+        manifest_rel = session.shown(MANIFEST_NAME)
+        if session.manifest is None:
             raise ResolveError("manifest.yaml is missing; run prepare first", path=manifest_rel)
-        existing, _ = load_existing(ws)
-        item = existing.get(evidence_id)
+        manifest = session.manifest_or_empty()
+        item = session.existing.get(evidence_id)
         if item is None:
             raise ResolveError("no curated unit has this id", evidence_id=evidence_id)
-        unit_rel = f"{ev}/{item.rel_path}"
+        unit_rel = session.shown(item.rel_path)
         for entry in manifest.sources.values():
             if evidence_id in entry.units:
                 entry.units.remove(evidence_id)
@@ -76,30 +79,29 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
             action = "retired"
         else:
             assert source is not None
-            rel = _source_rel(source, ev)
+            rel = _source_rel(source, session.ev)
             try:
                 src = read_source(ws.evidence_dir, rel)
             except SourceError as exc:
-                raise ResolveError(exc.message, path=f"{ev}/{rel}", evidence_id=evidence_id,
+                raise ResolveError(exc.message, path=session.shown(rel), evidence_id=evidence_id,
                                    field="provenance.source_file") from None
             entry = manifest.sources.get(rel)
             if entry is not None and entry.sha256 != src.sha256:
                 raise ResolveError("this source changed since the last prepare; run prepare "
-                                   "first", path=f"{ev}/{rel}", evidence_id=evidence_id)
+                                   "first", path=session.shown(rel), evidence_id=evidence_id)
             if entry is None:
                 entry = manifest.sources[rel] = SourceEntry(sha256=src.sha256, units=[])
             entry.units.append(evidence_id)
-            doc = parse_curated(dump_curated(item.doc), path=unit_rel)
-            doc.front["provenance"]["source_file"] = rel
-            doc.front["provenance"]["source_sha256"] = src.sha256
+            doc = cite_source(item.doc, rel, src.sha256, path=unit_rel)
             items = doc.front.get("review_items") or []
             for i in [i for i in items if str(i.get("code")) == RETIREMENT_CODE]:
                 items.remove(i)
             batch.writes[unit_rel] = dump_curated(doc).encode("utf-8")
             action = "relinked"
         batch.writes[manifest_rel] = dump_manifest(manifest).encode("utf-8")
-        apply_batch(ws.root, local, batch, name=f"resolve-{time.time_ns()}")
-        return ResolveResult(action, evidence_id, sorted(batch.writes), sorted(batch.deletes))
+        session.apply(batch)
+        return ResolveResult(action=action, evidence_id=evidence_id,
+                             written=sorted(batch.writes), deleted=sorted(batch.deletes))
 
 
 def _source_rel(source: str, ev: str) -> str:

@@ -118,7 +118,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
 
     All or nothing: any problem leaves the work tree unchanged. Makes no commit.
     """
-    from evidence_pipeline.authoring.prepare import PrepareError, SourceReport
+    from evidence_pipeline.authoring.planner import SourceReport
+    from evidence_pipeline.authoring.prepare import PrepareError
     from evidence_pipeline.authoring.prepare import prepare as run_prepare
 
     out = stderr if as_json else stdout
@@ -148,7 +149,7 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
                as_json=as_json)
         return
     if as_json:
-        emit_json(result.to_json())
+        emit_json(result.model_dump(mode="json"))
         return
     for line in result.recovered:
         stdout.print(f"[yellow]recovered[/]: {line}")
@@ -190,8 +191,7 @@ def resolve(evidence_id: str, retire: bool, source: str | None, workspace_root: 
         raise click.UsageError("give one of --retire or --source")
     result = run_resolve(workspace_root, evidence_id, retire=retire, source=source)
     if as_json:
-        emit_json({"action": result.action, "evidence_id": result.evidence_id,
-                   "written": result.written, "deleted": result.deleted})
+        emit_json(result.model_dump(mode="json"))
     else:
         stdout.print(f"{result.action} {result.evidence_id}: wrote {', '.join(result.written)}"
                      + (f"; deleted {', '.join(result.deleted)}" if result.deleted else "")

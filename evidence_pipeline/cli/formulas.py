@@ -26,7 +26,7 @@ from evidence_pipeline.cli.common import (
 
 def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
     if as_json:
-        emit_json(result.to_json())
+        emit_json(result.model_dump(mode="json"))
         return
     for line in result.recovered:
         stdout.print(f"[yellow]recovered[/]: {escape(line)}")

@@ -16,14 +16,12 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.authoring.apply import recover
 from evidence_pipeline.authoring.manifest import empty_manifest, read_manifest
+from evidence_pipeline.authoring.planner import SourceProposal, SourceReport
 from evidence_pipeline.authoring.prepare import (
     RESTRUCTURED,
     PreparePlan,
     PrepareResult,
-    SourceProposal,
-    SourceReport,
     apply_plan,
     call_model,
     check_proposal,
@@ -31,8 +29,8 @@ from evidence_pipeline.authoring.prepare import (
     plan_prepare,
     recovered_result,
 )
+from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change, SourceChange, SourceError, compare, intake
-from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
@@ -49,7 +47,6 @@ from evidence_runtime.errors import EvidenceError
 from evidence_runtime.workspace import Workspace
 
 GROUP = "authoring"
-LOCAL = ".tht"  # prepare's lock and staging live in the workspace, as the CLI keeps them
 
 
 def _digest(text: str) -> str:
@@ -70,8 +67,9 @@ def source_change(ws: Workspace, path: str) -> SourceChange:
 
 
 def _plan_for(ws: Workspace, path: str) -> tuple[PreparePlan, SourceChange]:
-    with workspace_lock(ws.root / LOCAL, what="a source preview"):
-        plan = plan_prepare(ws)
+    # a preview writes nothing: it does not finish an interrupted apply either
+    with AuthoringSession.open(ws, what="prepare (source preview)", recovering=False) as session:
+        plan = plan_prepare(session)
     for change in plan.changes:
         if change.path == path:
             return plan, change
@@ -189,13 +187,12 @@ def plan_sources(context: dg.OpExecutionContext, config: PrepareConfig,
     """Hash every source against the manifest; one step per changed source, none otherwise."""
     ws = workspace.load()
     sync_source_partitions(context.instance, ws.evidence_dir)
-    local = ws.root / LOCAL
-    with workspace_lock(local, what="prepare"):
-        recovered = recover(ws.root, local)
-        if any(line.startswith("completed") for line in recovered):
+    with AuthoringSession.open(ws, what="prepare") as session:
+        recovered = session.recovered
+        if session.rolled_forward:
             yield dg.Output(BatchPlan(None, recovered, config.upgrade), output_name="plan")
             return
-        plan = plan_prepare(ws, upgrade=config.upgrade)
+        plan = plan_prepare(session, upgrade=config.upgrade)
         steps = [SourceStep(c, model_request(plan, c), config.backend)
                  for c in plan.to_restructure()]
     for step in steps:
@@ -241,7 +238,6 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
     if plan.fingerprint is None:
         return dg.Output(recovered_result(plan.recovered), metadata={"status": "recovered"})
     by_path = {p.path: p for p in proposals}
-    local = ws.root / LOCAL
 
     def progress(report: SourceReport) -> None:
         renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
@@ -249,15 +245,18 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
                          f"{len(report.units)} unit(s)")
         forward(report)
 
-    with workspace_lock(local, what="prepare"):
-        recovered = [*plan.recovered, *recover(ws.root, local)]
-        current = plan_prepare(ws, upgrade=plan.upgrade)
+    with AuthoringSession.open(ws, what="prepare") as session:
+        recovered = [*plan.recovered, *session.recovered]
+        if session.rolled_forward:
+            result = recovered_result(recovered)
+            return dg.Output(result, metadata={"status": result.status})
+        current = plan_prepare(session, upgrade=plan.upgrade)
         if current.fingerprint() != plan.fingerprint:
             raise EvidenceError("the sources or the manifest changed while prepare ran; "
                                 "nothing was written, run prepare again",
                                 path=str(ws.root), code="workspace_changed")
-        result = apply_plan(current, lambda change: by_path[change.path], progress=progress,
-                            recovered=recovered)
+        result = apply_plan(current, lambda change: by_path[change.path], progress=progress)
+    result = result.model_copy(update={"recovered": recovered})
     for report in result.sources:
         if report.change in (Change.changed, Change.new) and is_source_key(report.path):
             context.log_event(dg.AssetMaterialization(

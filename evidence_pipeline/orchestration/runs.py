@@ -117,53 +117,80 @@ def _failed_checks(result: Any) -> set[str]:
 def run_prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
                 progress: Callable[[Any], None] | None = None) -> PrepareResult:
     """``prepare`` as the Dagster job ``prepare``; raises what :func:`prepare` raises."""
-    config = {"ops": {"applied_batch": {"ops": {"plan_sources": {"config": {
+    from evidence_pipeline.orchestration.authoring import applied_batch, plan_sources
+    from evidence_pipeline.orchestration.jobs import prepare_job
+
+    batch = applied_batch.node_def.name
+    config = {"ops": {batch: {"ops": {plan_sources.name: {"config": {
         "upgrade": upgrade, "backend": backend}}}}}}
-    result, failures = _execute("prepare", root, config, progress)
+    result, failures = _execute(prepare_job.name, root, config, progress)
     if not result.success and not _applied(result):
         _raise_step_failure(result, failures)
-    return result.output_for_node("applied_batch")
+    return result.output_for_node(batch)
 
 
 def _applied(result: Any) -> bool:
     # the batch was applied even when only the validation check of the work tree failed
-    return any(e.is_step_success and (e.step_key or "").startswith("applied_batch.apply_sources")
+    from evidence_pipeline.orchestration.authoring import applied_batch, apply_sources
+
+    step = f"{applied_batch.node_def.name}.{apply_sources.name}"
+    return any(e.is_step_success and (e.step_key or "").startswith(step)
                for e in result.all_events)
 
 
 def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None
                    ) -> PublishResult:
     """``preprocess`` as the Dagster job ``publish``; raises what :func:`preprocess` raises."""
+    from evidence_pipeline.orchestration.jobs import publish_job
+    from evidence_pipeline.orchestration.publishing import (
+        active_generation,
+        evaluation_gate,
+        generation_evaluation,
+        publishable,
+        published_corpus,
+    )
     from evidence_pipeline.publishing.publish import gate_failure, require_publishable
 
-    result, failures = _execute("publish", root, {}, progress)
+    result, failures = _execute(publish_job.name, root, {}, progress)
     if result.success:
-        published = result.output_for_node("active_generation")
+        published = result.output_for_node(active_generation.node_def.name)
         published.timings = _timings(result, published.timings)
         return published
     failed = _failed_checks(result)
-    if "publishable" in failed:
-        require_publishable(result.output_for_node("published_corpus"))
-    if "evaluation_gate" in failed:
-        raise gate_failure(result.output_for_node("generation_evaluation"))
+    if publishable.check_key.name in failed:
+        require_publishable(result.output_for_node(published_corpus.node_def.name))
+    if evaluation_gate.check_key.name in failed:
+        raise gate_failure(result.output_for_node(generation_evaluation.node_def.name))
     _raise_step_failure(result, failures)
     raise AssertionError("unreachable")
 
 
-STAGE_TIMINGS = {"published_corpus": "validate_s", "evidence_fragments": "fragments_s",
-                 "fragment_embeddings": "embed_s", "generation_evaluation": "evaluate_s"}
+def _stage_timings() -> dict[str, str]:
+    """Step key of each timed stage → the ``preprocess`` timing it reports."""
+    from evidence_pipeline.orchestration.publishing import (
+        evidence_fragments,
+        fragment_embeddings,
+        generation_evaluation,
+        published_corpus,
+    )
+
+    return {published_corpus.node_def.name: "validate_s",
+            evidence_fragments.node_def.name: "fragments_s",
+            fragment_embeddings.node_def.name: "embed_s",
+            generation_evaluation.node_def.name: "evaluate_s"}
 
 
 def _timings(result: Any, timings: dict[str, float]) -> dict[str, float]:
     """Stage seconds from the run's steps, as ``preprocess`` reports them."""
+    stage_timings = _stage_timings()
     stages: dict[str, float] = {}
     total = 0.0
     for event in result.all_events:
         if event.is_step_success:
             seconds = event.event_specific_data.duration_ms / 1000
             total += seconds
-            if event.step_key in STAGE_TIMINGS:
-                stages[STAGE_TIMINGS[event.step_key]] = seconds
+            if event.step_key in stage_timings:
+                stages[stage_timings[event.step_key]] = seconds
     merged = {**stages, **timings, "total_s": total}
     order = ("validate_s", "fragments_s", "embed_s", "upload_s", "verify_s", "evaluate_s",
              "total_s")

@@ -21,10 +21,8 @@ one fails that one closed (its candidate is marked failed and can no longer be a
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
+from evidence_pipeline.lock import exclusive_lock
 from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
 from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import (
@@ -136,10 +135,6 @@ class PublishBusyError(PublishError):
     code = "publish_busy"
 
 
-_held_locks: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth) held by this process
-_held_guard = threading.Lock()
-
-
 @contextlib.contextmanager
 def publish_lock(ws: Workspace) -> Iterator[None]:
     """Hold the workspace's publish lock, or refuse at once with :class:`PublishBusyError`.
@@ -154,33 +149,14 @@ def publish_lock(ws: Workspace) -> Iterator[None]:
     except OSError as exc:
         raise PublishError(f"cannot create the state directory: {exc.strerror}",
                            path=str(ws.state_dir)) from None
-    path = str(ws.state_dir / "publish.lock")
-    with _held_guard:
-        held = _held_locks.get(path)
-        if held is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-                os.close(fd)
-                raise PublishBusyError(
-                    f"another publication is running on this workspace "
-                    f"({holder or 'another process'}); refused, try again when it has "
-                    "finished", path=str(ws.root)) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"preprocess evidence, pid {os.getpid()}".encode(), 0)
-            held = (fd, 0)
-        _held_locks[path] = (held[0], held[1] + 1)
-    try:
+
+    def busy(holder: str) -> PublishBusyError:
+        return PublishBusyError(f"another publication is running on this workspace ({holder}); "
+                                "refused, try again when it has finished", path=str(ws.root))
+
+    with exclusive_lock(ws.state_dir / "publish.lock", holder="preprocess evidence", busy=busy,
+                        reentrant=True):
         yield
-    finally:
-        with _held_guard:
-            fd, depth = _held_locks.pop(path)
-            if depth > 1:
-                _held_locks[path] = (fd, depth - 1)
-            else:
-                os.close(fd)  # closing the last descriptor releases the flock
 
 
 def activate(root: Any, *, revision: str | None = None) -> ActivationResult:

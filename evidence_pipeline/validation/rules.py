@@ -20,6 +20,7 @@ from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
+    incompatible_version,
 )
 from evidence_pipeline.authoring.normalize import excerpt_in_source
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader
@@ -233,8 +234,7 @@ def check_corpus(loaded: Sequence[LoadedUnit], manifest: Manifest | None, *,
         return out
     if manifest.pipeline_version != PIPELINE_VERSION:
         out.append(Problem("pipeline_version_incompatible", Severity.error, manifest_path, None,
-                           f"manifest pipeline_version {manifest.pipeline_version} is not "
-                           f"{PIPELINE_VERSION}; run prepare --upgrade", "pipeline_version"))
+                           incompatible_version(manifest.pipeline_version), "pipeline_version"))
 
     unit_sources = manifest.unit_sources()
     for eid, paths in sorted(unit_sources.items()):

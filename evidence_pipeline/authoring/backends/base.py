@@ -33,7 +33,6 @@ from evidence_runtime.units import (
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_MESSAGE_CHARS = 2000
-RETIREMENT_CODE = "source_no_longer_supports_unit"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""The legacy formula store (``formulas/*.sql.md``) migrated into curated formula units.
+
+Each legacy entry is copied verbatim under ``evidence/source/60-formule/legacy/`` and becomes one
+unit citing it; an entry that is not one composable expression is kept for review (spec §12, §16).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evidence_pipeline.authoring.formulas.importer import (
+    Candidate,
+    FormulaImportError,
+    ImportResult,
+    clip,
+    formula_data,
+    run_import,
+    take_in,
+)
+from evidence_pipeline.authoring.sources import Source
+from evidence_pipeline.markdown import SQL_LANGS
+from evidence_pipeline.validation.rules import (
+    FORMULA_SQL_REVIEW_CODES,
+    LEGACY_FORMULA_SOURCES,
+    check_formula_sql,
+    find_credentials,
+)
+from evidence_runtime.units import check_column_ref
+from evidence_runtime.workspace import load_workspace
+
+# Where the copies of legacy files live, relative to evidence/.
+LEGACY_SOURCE_DIR = LEGACY_FORMULA_SOURCES.rstrip("/")
+LEGACY_INCOMPATIBLE = "legacy_formula_incompatible"
+assert LEGACY_INCOMPATIBLE in FORMULA_SQL_REVIEW_CODES
+
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
+_COLUMNS_LINE = re.compile(
+    r"^\s*(?:[-*+]\s+)?(?:\*\*|__)?(?:colonne|colonna|columns|column|input columns|"
+    r"colonne di input)(?:\*\*|__)?\s*:\s*(?:\*\*|__)?\s*(.+?)\s*$", re.IGNORECASE)
+_IDENT = r"[A-Za-z_][A-Za-z0-9_$]*"
+_THREE_PART = re.compile(rf"(?<![\w.$]){_IDENT}\.{_IDENT}\.{_IDENT}(?![\w.$(])")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+@dataclass(frozen=True)
+class LegacyFormula:
+    """What a legacy ``*.sql.md`` entry says: heading, free text, input columns, SQL."""
+
+    title: str
+    paragraphs: tuple[str, ...]  # free-text paragraphs (headings and the columns line excluded)
+    columns_line: str | None
+    columns: tuple[str, ...]
+    sql: str
+    body: str  # the entry without its first heading
+
+
+def parse_legacy(text: str, *, shown: str) -> LegacyFormula:
+    """Read one legacy entry; :class:`FormulaImportError` naming the file when it cannot be."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    title: str | None = None
+    title_line: int | None = None
+    sql_blocks: list[str] = []
+    prose: list[str | None] = []  # None separates paragraphs
+    columns_lines: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence:
+            marker, lang = fence.group(1), fence.group(2).lower()
+            close = re.compile(rf"^\s{{0,3}}{re.escape(marker[0])}{{{len(marker)},}}\s*$")
+            end = next((j for j in range(i + 1, len(lines)) if close.match(lines[j])), None)
+            if end is None:
+                raise FormulaImportError(f"the code block opened on line {i + 1} is not closed",
+                                         path=shown, code="legacy_formula_malformed")
+            if lang in SQL_LANGS:
+                sql_blocks.append("\n".join(lines[i + 1:end]))
+            prose.append(None)
+            i = end + 1
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            if title is None:
+                title, title_line = heading.group(1).strip(), i
+            prose.append(None)
+        elif not line.strip():
+            prose.append(None)
+        elif _COLUMNS_LINE.match(line):
+            columns_lines.append(line.strip())
+            prose.append(None)
+        else:
+            prose.append(line.strip())
+        i += 1
+    if not sql_blocks:
+        raise FormulaImportError("no ```sql block: a legacy formula holds its SQL in one ```sql "
+                                 "fenced block", path=shown, code="legacy_formula_malformed")
+    if len(sql_blocks) > 1:
+        raise FormulaImportError(f"{len(sql_blocks)} ```sql blocks: a legacy formula holds "
+                                 "exactly one", path=shown, code="legacy_formula_malformed")
+    sql = sql_blocks[0].strip("\n").rstrip()
+    if not sql.strip():
+        raise FormulaImportError("the ```sql block is empty", path=shown,
+                                 code="legacy_formula_malformed")
+    if title is None or title_line is None:
+        raise FormulaImportError("no '# heading' naming the formula's concept", path=shown,
+                                 code="legacy_formula_malformed")
+    paragraphs: list[str] = []
+    current: list[str] = []
+    for item in [*prose, None]:
+        if item is None:
+            if current:
+                paragraphs.append(" ".join(current))
+            current = []
+        else:
+            current.append(item)
+    columns = _columns(columns_lines, sql, paragraphs, shown=shown)
+    body = "\n".join(lines[:title_line] + lines[title_line + 1:]).strip()
+    return LegacyFormula(title=title, paragraphs=tuple(paragraphs),
+                         columns_line=columns_lines[0] if columns_lines else None,
+                         columns=tuple(columns), sql=sql, body=body)
+
+
+def _columns(columns_lines: list[str], sql: str, paragraphs: list[str], *,
+             shown: str) -> list[str]:
+    """Input columns: the 'Colonne:' line(s), else schema.table.column references in the SQL or
+    in `code spans` of the text. Nothing is guessed from aliases."""
+    found: list[str] = []
+    for line in columns_lines:
+        match = _COLUMNS_LINE.match(line)
+        assert match is not None
+        for raw in re.split(r"[,;]|\s+e\s+|\s+and\s+|\s+", match.group(1)):
+            value = raw.strip().strip("`*_").strip()
+            if not value or value.lower() in {"e", "and"}:
+                continue
+            try:
+                check_column_ref(value)
+            except ValueError as exc:
+                raise FormulaImportError(f"columns line: {exc}", path=shown,
+                                         code="legacy_formula_malformed") from None
+            if value not in found:
+                found.append(value)
+    if not found:
+        spans = [m.group(1) for p in paragraphs for m in _CODE_SPAN.finditer(p)]
+        for text in (sql, *spans):
+            for m in _THREE_PART.finditer(text):
+                if m.group(0) not in found:
+                    found.append(m.group(0))
+    if not found:
+        raise FormulaImportError(
+            "no input columns: name them in a line 'Colonne: schema.table.column, …'",
+            path=shown, code="legacy_formula_malformed")
+    return found
+
+
+def _legacy_candidate(file: Path, *, language: str) -> Candidate:
+    shown = str(file)
+    if file.is_symlink() or not file.is_file():
+        raise FormulaImportError("not a regular file (symlinks are not followed)", path=shown,
+                                 code="legacy_formula_malformed")
+    raw = file.read_bytes()
+    rel = f"{LEGACY_SOURCE_DIR}/{file.name}"
+    source = take_in(raw, rel, shown=shown)
+    found = find_credentials(source.text)
+    if found:
+        # the file would be copied into the repository as it is: refuse before anything else
+        raise FormulaImportError(f"looks like a credential ({found[0]}); remove it from the "
+                                 "legacy entry", path=shown, code="credentials_found")
+    entry = parse_legacy(source.text, shown=shown)
+
+    def build(src: Source, eid: str) -> tuple[dict[str, Any], str]:
+        excerpts = [clip(p) for p in entry.paragraphs[:2]]
+        if entry.columns_line:
+            excerpts.append(clip(entry.columns_line))
+        excerpts.append(clip(entry.sql))
+        review: list[dict[str, Any]] = []
+        bad = check_formula_sql(entry.sql)
+        if bad is not None:
+            review.append({
+                "code": LEGACY_INCOMPATIBLE,
+                "field": "formula.sql",
+                "message": f"the legacy entry {file.name} is not one composable PostgreSQL "
+                           f"expression ({bad[0]}: {bad[1]}); its SQL is kept verbatim for "
+                           "review: rewrite it as one expression, move a full query to kind "
+                           "example, or retire the unit",
+            })
+        data = formula_data(eid=eid, title=entry.title, concept=entry.title,
+                             columns=entry.columns, sql=entry.sql, language=language,
+                             source=src, excerpts=excerpts, review_items=review)
+        return data, entry.body
+
+    return Candidate(origin=shown, source_rel=rel, raw=raw, title=entry.title, build=build)
+
+
+def import_formulas(root: Path, legacy_dir: Path) -> ImportResult:
+    """Migrate ``<legacy_dir>/formulas/*.sql.md`` into curated formula units (spec §12, §16).
+
+    Each file is copied verbatim under ``evidence/source/60-formule/legacy/`` and becomes one
+    unit citing it. An entry that is not one composable expression is imported with the review
+    item ``legacy_formula_incompatible`` (blocked, never publishable until a curator fixes it).
+    Any unreadable entry refuses the whole import; nothing is written then.
+    """
+    ws = load_workspace(root)
+    store = Path(legacy_dir) / "formulas"
+    if not store.is_dir():
+        raise FormulaImportError("no formulas/ directory in the legacy store",
+                                 path=str(legacy_dir), code="legacy_store_missing")
+    files = sorted(f for f in store.glob("*.sql.md") if not f.name.startswith("."))
+    if not files:
+        raise FormulaImportError("the legacy store holds no formulas/*.sql.md files",
+                                 path=str(store), code="legacy_store_missing")
+    candidates = [_legacy_candidate(f, language=ws.config.language_code) for f in files]
+    return run_import(ws, candidates, what="import-formulas")
