@@ -534,10 +534,10 @@ def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcess
     passed = evaluation_gate(report)
     assert passed.passed and passed.metadata["hit@10"].value == 31
 
-    missed = dict(report.queries[0], hit_at_10=False, hit_at_5=False)
-    failing = dataclasses.replace(report, queries=[missed, *report.queries[1:]],
-                                  summary={**report.summary, "hit_at_10": 30,
-                                           "gate_passed": False})
+    missed = report.queries[0].model_copy(update={"hit_at_10": False, "hit_at_5": False})
+    failing = report.model_copy(update={
+        "queries": (missed, *report.queries[1:]),
+        "summary": report.summary.model_copy(update={"hit_at_10": 30, "gate_passed": False})})
     failed = evaluation_gate(failing)
     assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
     assert "q01" in failed.metadata["failure"].value

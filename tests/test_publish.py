@@ -395,7 +395,7 @@ def test_a_failing_gate_keeps_the_previous_generation_until_explicit_rollback(
     assert info.value.code == "evaluation_gate_failed"
     assert "qx" in str(info.value)
     assert not info.value.report.gate_passed
-    assert info.value.report.queries[0]["ranks"] == {
+    assert info.value.report.model_dump(mode="json")["queries"][0]["ranks"] == {
         "evidence:icd10-oms": {"dense": None, "bm25": None, "fused": None}}
 
     gens = generations(clone)

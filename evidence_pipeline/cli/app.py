@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -29,6 +29,9 @@ from evidence_pipeline.cli.common import (
 )
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
 from evidence_runtime.units import EvidenceKind, EvidencePurpose
+
+if TYPE_CHECKING:
+    from evidence_pipeline.publishing.evaluate import EvaluationReport
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +70,7 @@ def validate(workspace_root: Path, as_json: bool) -> None:
 
     report = validate_workspace(workspace_root)
     if as_json:
-        emit_json(report.to_json())
+        emit_json(report.model_dump(mode="json"))
     else:
         problems = sort_problems(report.problems)
         print_problems(problems)
@@ -256,9 +259,9 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
     except GateFailed as exc:
         if as_json:
             emit_json({"generation": exc.report.generation, "activated": False,
-                       "evaluation": exc.report.summary})
+                       "evaluation": exc.report.summary.model_dump(mode="json")})
         else:
-            print_evaluation(exc.report.to_json())
+            print_evaluation(exc.report)
         fail(str(exc), EXIT_PROBLEMS)
         return
     except PublishError as exc:
@@ -268,19 +271,19 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_json())
         return
-    ev = result.evaluation.summary if result.evaluation else {}
+    assert result.evaluation is not None  # activated: its gate passed
+    ev = result.evaluation.summary
     stdout.print(f"[green]generation {result.generation} active[/] for revision "
                  f"{result.revision[:12]}: {result.counts['units']} units, "
                  f"{result.counts['fragments']} fragments "
                  f"({result.counts['fragments_embedded']} embedded); gate passed, "
-                 f"hit@5 {ev.get('hit_at_5')}/{ev.get('queries')}, "
-                 f"hit@10 {ev.get('hit_at_10')}/{ev.get('queries')}")
+                 f"hit@5 {ev.hit_at_5}/{ev.queries}, hit@10 {ev.hit_at_10}/{ev.queries}")
 
 
-def print_evaluation(report: dict[str, Any]) -> None:
+def print_evaluation(report: EvaluationReport) -> None:
     """The evaluation table: per query hits and the three ranks of each expected unit."""
-    table = Table(title=f"evaluation — generation {report['generation']}, revision "
-                        f"{report['revision'][:12]}", header_style="bold")
+    table = Table(title=f"evaluation — generation {report.generation}, revision "
+                        f"{report.revision[:12]}", header_style="bold")
     for col in ("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
                 "fused"):
         table.add_column(col, overflow="fold")
@@ -288,24 +291,28 @@ def print_evaluation(report: dict[str, Any]) -> None:
     def r(v: int | None) -> str:
         return "–" if v is None else str(v)
 
-    for q in report["queries"]:
-        for i, (eid, ranks) in enumerate(q["ranks"].items()):
+    for q in report.queries:
+        for i, (eid, ranks) in enumerate(q.ranks.items()):
             first = i == 0
-            table.add_row(q["id"] if first else "", q["profile"] if first else "",
-                          q.get("purpose", "") if first else "",
-                          ("✓" if q["hit_at_5"] else "✗") if first else "",
-                          ("[green]✓[/]" if q["hit_at_10"] else "[red]✗[/]") if first else "",
-                          eid, r(ranks["dense"]), r(ranks["bm25"]), r(ranks["fused"]))
+            table.add_row(q.id if first else "", q.profile.value if first else "",
+                          q.purpose.value if first else "",
+                          ("✓" if q.hit_at_5 else "✗") if first else "",
+                          ("[green]✓[/]" if q.hit_at_10 else "[red]✗[/]") if first else "",
+                          eid, r(ranks.dense), r(ranks.bm25), r(ranks.fused))
     stdout.print(table)
-    s = report["summary"]
-    verdict = "[green]gate passed[/]" if s["gate_passed"] else "[red]gate failed[/]"
-    stdout.print(f"{verdict}: hit@5 {s['hit_at_5']}/{s['queries']}, hit@10 "
-                 f"{s['hit_at_10']}/{s['queries']}; missed kinds: "
-                 f"{', '.join(s['missed_kinds']) or 'none'}; queries without results: "
-                 f"{', '.join(s['empty_queries']) or 'none'}")
-    if report.get("regressions"):
+    s = report.summary
+    verdict = "[green]gate passed[/]" if s.gate_passed else "[red]gate failed[/]"
+    stdout.print(f"{verdict}: hit@5 {s.hit_at_5}/{s.queries}, hit@10 "
+                 f"{s.hit_at_10}/{s.queries}; missed kinds: "
+                 f"{', '.join(s.missed_kinds) or 'none'}; queries without results: "
+                 f"{', '.join(s.empty_queries) or 'none'}")
+    if report.regressions is None:
+        stdout.print("no baseline saved (tht evidence evaluate --save-baseline)")
+    elif report.regressions:
         stdout.print(f"[red]regressions against the baseline[/]: "
-                     f"{', '.join(report['regressions'])}")
+                     f"{', '.join(report.regressions)}")
+    else:
+        stdout.print("regressions against the baseline: none")
 
 
 @evidence.command()
@@ -316,57 +323,29 @@ def print_evaluation(report: dict[str, Any]) -> None:
 @user_errors
 def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
              as_json: bool) -> None:
-    """Run evaluation.yaml against the active (or a given) generation; never changes the index.
+    """Run the evaluation.yaml of the evaluated generation's revision against that generation
+    (default: the active one); never changes the index.
 
     Exit 0 when the gate passes (every query has an expected unit in the fused top 10).
     """
-    from evidence_pipeline.publishing.evalset import read_evaluation
-    from evidence_pipeline.publishing.evaluate import (
-        baseline_path,
-        compare_with_baseline,
-    )
-    from evidence_pipeline.publishing.evaluate import (
-        evaluate as run_evaluate,
-    )
-    from evidence_pipeline.publishing.evaluate import (
-        save_baseline as write_baseline,
-    )
+    from evidence_pipeline.publishing.evaluate import baseline_path, evaluate_generation
+    from evidence_pipeline.publishing.evaluate import save_baseline as write_baseline
     from evidence_runtime.search import EvidenceSearcher
     from evidence_runtime.workspace import load_workspace
 
     ws = load_workspace(workspace_root)
-    evalset = read_evaluation(ws.evidence_dir)
     with EvidenceSearcher.for_workspace(ws) as searcher:
-        state = searcher.resolve_generation(generation)
-        kinds = _unit_kinds(ws, None if not isinstance(state, tuple) else state[1])
-        report = run_evaluate(searcher, evalset, unit_kinds=kinds, generation=generation)
-    base = baseline_path(ws.state_dir)
-    report.regressions = compare_with_baseline(report, base)
+        report = evaluate_generation(ws, searcher, generation=generation)
     if save_baseline:
-        write_baseline(report, base)
+        write_baseline(report, baseline_path(ws.state_dir))
     if as_json:
-        emit_json(report.to_json())
+        emit_json(report.model_dump(mode="json"))
     else:
-        print_evaluation(report.to_json())
+        print_evaluation(report)
         if save_baseline:
-            stdout.print(f"baseline saved: {base}")
+            stdout.print(f"baseline saved: {baseline_path(ws.state_dir)}")
     if not report.gate_passed:
         sys.exit(EXIT_PROBLEMS)
-
-
-def _unit_kinds(ws: Any, revision: str | None) -> dict[str, str]:
-    """evidence id → kind, from the materialized revision (or the work tree)."""
-    from evidence_pipeline.validation.corpus import SourceReader, corpus_files
-    from evidence_pipeline.validation.validator import load_units
-
-    base = ws.state_dir / "revisions" / revision if revision else ws.root
-    evidence_dir = base / ws.config.evidence.root
-    if not evidence_dir.is_dir():
-        evidence_dir = ws.evidence_dir
-    rels = corpus_files(evidence_dir, ws.config.evidence.patterns)
-    loaded, _ = load_units(evidence_dir, rels, shown_prefix="", sources=SourceReader(
-        evidence_dir), check=False)
-    return {i.unit.id: i.unit.kind.value for i in loaded if i.unit}
 
 
 @evidence.command()

@@ -83,7 +83,7 @@ def refuse(message: str, problems: list[Any], document: dict[str, Any], *,
     """A command refused with a list of problems: ``document`` plus ``problems`` as the JSON
     document, or one line per problem; then the one error line and exit 1."""
     if as_json:
-        emit_json({**document, "problems": [p.to_json() for p in problems]})
+        emit_json({**document, "problems": [p.model_dump(mode="json") for p in problems]})
     else:
         print_problems(problems)
     fail(message, EXIT_PROBLEMS)

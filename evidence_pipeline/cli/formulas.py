@@ -57,7 +57,7 @@ def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
 def _refused(exc: FormulaImportError, *, as_json: bool) -> None:
     if as_json:
         emit_json({"status": "failed", "entries": [],
-                   "problems": [p.to_json() for p in exc.problems]})
+                   "problems": [p.model_dump(mode="json") for p in exc.problems]})
     fail(str(exc), EXIT_PROBLEMS)
 
 

@@ -65,32 +65,37 @@ def evaluation_table(report: EvaluationReport) -> str:
     """One row per expected unit: the query's hits and the unit's dense, BM25 and fused rank."""
     rows = []
     for q in report.queries:
-        for i, (eid, ranks) in enumerate(q["ranks"].items()):
+        for i, (eid, ranks) in enumerate(q.ranks.items()):
             first = i == 0
-            rows.append((q["id"] if first else "", q["profile"] if first else "",
-                         q.get("purpose", "") if first else "",
-                         ("✓" if q["hit_at_5"] else "✗") if first else "",
-                         ("✓" if q["hit_at_10"] else "✗") if first else "",
-                         eid, ranks["dense"], ranks["bm25"], ranks["fused"]))
+            rows.append((q.id if first else "", q.profile.value if first else "",
+                         q.purpose.value if first else "",
+                         ("✓" if q.hit_at_5 else "✗") if first else "",
+                         ("✓" if q.hit_at_10 else "✗") if first else "",
+                         eid, ranks.dense, ranks.bm25, ranks.fused))
     return table(("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
                   "fused"), rows)
+
+
+def regressions_text(report: EvaluationReport) -> str:
+    """The queries that regressed against the saved baseline, ``none``, or that none is saved."""
+    if report.regressions is None:
+        return "no baseline saved"
+    return ", ".join(report.regressions) or "none"
 
 
 def evaluation_metadata(report: EvaluationReport) -> dict[str, Any]:
     """hit@5/hit@10, the gate, generation and revision, and the per-branch rank table."""
     s = report.summary
-    out: dict[str, Any] = {
+    return {
         "generation": dg.MetadataValue.int(report.generation),
         "revision": report.revision,
-        "queries": dg.MetadataValue.int(s["queries"]),
-        "hit@5": dg.MetadataValue.int(s["hit_at_5"]),
-        "hit@10": dg.MetadataValue.int(s["hit_at_10"]),
-        "gate_passed": dg.MetadataValue.bool(bool(s["gate_passed"])),
-        "missed_kinds": ", ".join(s["missed_kinds"]) or "none",
-        "empty_queries": ", ".join(s["empty_queries"]) or "none",
+        "queries": dg.MetadataValue.int(s.queries),
+        "hit@5": dg.MetadataValue.int(s.hit_at_5),
+        "hit@10": dg.MetadataValue.int(s.hit_at_10),
+        "gate_passed": dg.MetadataValue.bool(s.gate_passed),
+        "missed_kinds": ", ".join(s.missed_kinds) or "none",
+        "empty_queries": ", ".join(s.empty_queries) or "none",
         "evaluation": dg.MetadataValue.md(evaluation_table(report)),
-        "report": dg.MetadataValue.json(report.to_json()),
+        "report": dg.MetadataValue.json(report.model_dump(mode="json")),
+        "regressions": regressions_text(report),
     }
-    if report.regressions is not None:
-        out["regressions"] = ", ".join(report.regressions) or "none"
-    return out

@@ -152,9 +152,9 @@ def generation_evaluation(context: dg.AssetExecutionContext, workspace: Workspac
         report = evaluate_candidate(ws, registry, idx, emb, candidate_generation,
                                     published_corpus.loaded, evalset)
     s = report.summary
-    context.log.info(f"evaluation of generation {report.generation}: hit@5 {s['hit_at_5']}/"
-                  f"{s['queries']}, hit@10 {s['hit_at_10']}/{s['queries']}, gate "
-                  f"{'passed' if report.gate_passed else 'failed'}")
+    context.log.info(f"evaluation of generation {report.generation}: hit@5 {s.hit_at_5}/"
+                     f"{s.queries}, hit@10 {s.hit_at_10}/{s.queries}, gate "
+                     f"{'passed' if report.gate_passed else 'failed'}")
     return dg.Output(report, metadata=evaluation_metadata(report))
 
 
@@ -165,9 +165,9 @@ def evaluation_gate(generation_evaluation: EvaluationReport) -> dg.AssetCheckRes
     s = report.summary
     metadata: dict[str, Any] = {
         "generation": dg.MetadataValue.int(report.generation),
-        "hit@5": dg.MetadataValue.int(s["hit_at_5"]),
-        "hit@10": dg.MetadataValue.int(s["hit_at_10"]),
-        "queries": dg.MetadataValue.int(s["queries"])}
+        "hit@5": dg.MetadataValue.int(s.hit_at_5),
+        "hit@10": dg.MetadataValue.int(s.hit_at_10),
+        "queries": dg.MetadataValue.int(s.queries)}
     if not report.gate_passed:
         metadata["failure"] = str(gate_failure(report))
     return dg.AssetCheckResult(passed=report.gate_passed, severity=dg.AssetCheckSeverity.ERROR,

@@ -3,18 +3,35 @@
 Runs the fused search the runtime uses and the dense and BM25 branches alone, records for every
 expected unit its rank in each, and decides the gate: every query finds an expected unit in the
 fused top 10. Never changes the index.
+
+The evaluation set is the one of the revision the generation was built from (its materialized
+tree, written from Git when missing), never the work tree: a generation is judged by the
+questions that were reviewed with it. ``model_dump(mode="json")`` of an
+:class:`EvaluationReport` is the ``evaluate --json`` document of DESIGN.md.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evidence_pipeline.publishing.evalset import EvaluationSet, read_evaluation
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
+
+from evidence_pipeline.gitrepo import materialize_revision
+from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
+from evidence_pipeline.validation.corpus import SourceReader, corpus_files
+from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome
+from evidence_runtime.units import EvidencePurpose
+from evidence_runtime.workspace import Workspace
 
 RANK_DEPTH = 50
 GATE_K = 10
@@ -25,108 +42,227 @@ class EvaluationUnavailable(EvidenceError):
     code = "evaluation_unavailable"
 
 
-@dataclass
-class EvaluationReport:
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ranks(_Record):
+    """1-based rank of one expected unit in each branch (``None``: not in the first
+    :data:`RANK_DEPTH`)."""
+
+    dense: int | None
+    bm25: int | None
+    fused: int | None
+
+
+class QueryResult(_Record):
+    """One question of evaluation.yaml: its hits and the ranks of each expected unit."""
+
+    id: str
+    profile: Profile
+    purpose: EvidencePurpose
+    expected: tuple[str, ...]
+    hit_at_5: bool
+    hit_at_10: bool
+    ranks: dict[str, Ranks]
+
+
+class EvaluationSummary(_Record):
+    queries: int
+    hit_at_5: int
+    hit_at_10: int
+    gate_passed: bool
+    missed_kinds: tuple[str, ...]
+    empty_queries: tuple[str, ...]
+
+
+class SearchConfig(_Record):
+    """The search settings the report was measured with."""
+
+    rrf_k: int
+    prefetch_limit: int
+    embedder: str
+    bm25_language: str
+    rank_depth: int
+    gate: str
+
+
+class EvaluationReport(_Record):
+    """The report of one generation; ``regressions`` is ``None`` when no baseline is saved
+    (then it is left out of the JSON document)."""
+
     revision: str
     generation: int
-    search_config: dict[str, Any]
-    queries: list[dict[str, Any]]
-    summary: dict[str, Any]
-    regressions: list[str] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"revision": self.revision, "generation": self.generation,
-               "search_config": self.search_config, "summary": self.summary,
-               "queries": self.queries}
-        if self.regressions is not None:
-            out["regressions"] = self.regressions
-        return out
+    search_config: SearchConfig
+    summary: EvaluationSummary
+    queries: tuple[QueryResult, ...]
+    regressions: tuple[str, ...] | None = None
 
     @property
     def gate_passed(self) -> bool:
-        return bool(self.summary["gate_passed"])
+        return self.summary.gate_passed
+
+    @property
+    def missed_queries(self) -> list[str]:
+        """Ids of the queries without an expected unit in the fused top 10."""
+        return [q.id for q in self.queries if not q.hit_at_10]
+
+    @model_serializer(mode="wrap")
+    def _without_absent_baseline(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("regressions") is None:
+            out.pop("regressions", None)
+        return out
 
 
 def _ranks(outcome: EvidenceSearchOutcome) -> dict[str, int]:
     return {eid: i + 1 for i, eid in enumerate(outcome.evidence_ids)}
 
 
+def _unavailable(outcome: EvidenceSearchOutcome) -> EvaluationUnavailable:
+    return EvaluationUnavailable(f"search unavailable ({outcome.code}): {outcome.message}",
+                                 code=f"evaluation_unavailable_{outcome.code}")
+
+
+def _query(searcher: EvidenceSearcher, q: EvalQuery, generation: int | None,
+           ) -> tuple[dict[str, dict[str, int]], EvidenceSearchOutcome]:
+    """The ranks of every unit found by each branch, and the fused outcome."""
+    ranks_by_mode: dict[str, dict[str, int]] = {}
+    outcome: EvidenceSearchOutcome | None = None
+    for mode in MODES:
+        outcome = searcher.search(q.text, q.purpose, q.context, limit=RANK_DEPTH,
+                                  generation=generation, mode=mode)
+        if not outcome.available:
+            raise _unavailable(outcome)
+        ranks_by_mode[mode] = _ranks(outcome)
+    assert outcome is not None
+    return ranks_by_mode, outcome
+
+
 def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: dict[str, str],
              generation: int | None = None) -> EvaluationReport:
     """Evaluate ``generation`` (default: the active one); raises :class:`EvaluationUnavailable`
     when the search is unavailable (a fault is never scored as a miss)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[QueryResult] = []
     gen_number: int | None = None
     revision: str | None = None
     missed_kinds: set[str] = set()
     empty: list[str] = []
-    hit5 = hit10 = 0
     for q in evalset.queries:
-        ranks_by_mode: dict[str, dict[str, int]] = {}
-        for mode in MODES:
-            outcome = searcher.search(q.text, q.purpose, q.context, limit=RANK_DEPTH,
-                                      generation=generation, mode=mode)
-            if not outcome.available:
-                raise EvaluationUnavailable(
-                    f"search unavailable ({outcome.code}): {outcome.message}",
-                    code=f"evaluation_unavailable_{outcome.code}")
-            gen_number, revision = outcome.generation, outcome.revision
-            ranks_by_mode[mode] = _ranks(outcome)
-            if mode == "fused" and not outcome.results:
-                empty.append(q.id)
+        ranks_by_mode, fused_outcome = _query(searcher, q, generation)
+        gen_number, revision = fused_outcome.generation, fused_outcome.revision
+        if not fused_outcome.results:
+            empty.append(q.id)
         fused = ranks_by_mode["fused"]
-        ranks = {eid: {m: ranks_by_mode[m].get(eid) for m in MODES} for eid in q.expected}
+        ranks = {eid: Ranks(**{m: ranks_by_mode[m].get(eid) for m in MODES})
+                 for eid in q.expected}
         best = min((fused[e] for e in q.expected if e in fused), default=None)
-        h5 = best is not None and best <= 5
         h10 = best is not None and best <= GATE_K
-        hit5 += h5
-        hit10 += h10
         if not h10:
             missed_kinds.update(unit_kinds.get(e, "unknown") for e in q.expected)
-        rows.append({"id": q.id, "profile": q.profile.value, "purpose": q.purpose.value,
-                     "expected": list(q.expected), "hit_at_5": h5, "hit_at_10": h10,
-                     "ranks": ranks})
-    summary = {
-        "queries": len(rows),
-        "hit_at_5": hit5,
-        "hit_at_10": hit10,
-        "gate_passed": hit10 == len(rows),
-        "missed_kinds": sorted(missed_kinds),
-        "empty_queries": empty,
-    }
-    config = {"rrf_k": searcher.rrf_k, "prefetch_limit": searcher.prefetch_limit,
-              "embedder": searcher.embedder.model_id, "bm25_language": searcher.language,
-              "rank_depth": RANK_DEPTH, "gate": f"every query: an expected unit in fused top "
-                                                f"{GATE_K}"}
+        rows.append(QueryResult(id=q.id, profile=q.profile, purpose=q.purpose,
+                                expected=q.expected, hit_at_5=best is not None and best <= 5,
+                                hit_at_10=h10, ranks=ranks))
+    hit10 = sum(r.hit_at_10 for r in rows)
+    summary = EvaluationSummary(
+        queries=len(rows), hit_at_5=sum(r.hit_at_5 for r in rows), hit_at_10=hit10,
+        gate_passed=hit10 == len(rows), missed_kinds=tuple(sorted(missed_kinds)),
+        empty_queries=tuple(empty))
+    config = SearchConfig(rrf_k=searcher.rrf_k, prefetch_limit=searcher.prefetch_limit,
+                          embedder=searcher.embedder.model_id, bm25_language=searcher.language,
+                          rank_depth=RANK_DEPTH,
+                          gate=f"every query: an expected unit in fused top {GATE_K}")
     assert gen_number is not None and revision is not None
     return EvaluationReport(revision=revision, generation=gen_number, search_config=config,
-                            queries=rows, summary=summary)
+                            queries=tuple(rows), summary=summary)
 
 
-def load_evalset(evidence_dir: Path) -> EvaluationSet:
-    return read_evaluation(evidence_dir)
+def revision_evidence_dir(ws: Workspace, revision: str) -> Path:
+    """The evidence directory of ``revision`` as committed (materialized under the state
+    directory from Git when it is not there yet)."""
+    try:
+        tree = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
+    except OSError as exc:  # e.g. a full disk; the partial copy was removed
+        raise EvidenceError(f"cannot materialize revision {revision[:12]}: "
+                            f"{exc.strerror or exc}", code="materialize_failed",
+                            path=str(ws.state_dir / "revisions")) from None
+    return tree / ws.config.evidence.root
+
+
+def unit_kinds(ws: Workspace, evidence_dir: Path) -> dict[str, str]:
+    """evidence id → kind of the curated units under ``evidence_dir``."""
+    rels = corpus_files(evidence_dir, ws.config.evidence.patterns)
+    loaded, _ = load_units(evidence_dir, rels, shown_prefix="",
+                           sources=SourceReader(evidence_dir), check=False)
+    return {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
+
+
+def evaluate_generation(ws: Workspace, searcher: EvidenceSearcher, *,
+                        generation: int | None = None) -> EvaluationReport:
+    """``tht evidence evaluate`` and the nightly asset: evaluate ``generation`` (default: the
+    active one) with the evaluation.yaml of the revision it was built from, and compare it
+    with the saved baseline.
+
+    Raises :class:`EvaluationUnavailable` when the generation cannot be searched (none active,
+    unknown, or not serving the activated revision).
+    """
+    state = searcher.resolve_generation(generation)
+    if isinstance(state, EvidenceSearchOutcome):
+        raise _unavailable(state)
+    gen, _ = state
+    evidence_dir = revision_evidence_dir(ws, gen.revision)
+    evalset = read_evaluation(evidence_dir, shown=f"{ws.config.evidence.root}/evaluation.yaml "
+                                                  f"at revision {gen.revision[:12]}")
+    report = evaluate(searcher, evalset, unit_kinds=unit_kinds(ws, evidence_dir),
+                      generation=gen.number)
+    return with_baseline(report, baseline_path(ws.state_dir))
 
 
 def baseline_path(state_dir: Path) -> Path:
     return state_dir / "evaluation-baseline.json"
 
 
+class _BaselineQuery(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    hit_at_10: bool
+
+
+class _Baseline(BaseModel):
+    """What a saved report needs to hold to be compared with (older reports included)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    queries: tuple[_BaselineQuery, ...] = ()
+
+
 def compare_with_baseline(report: EvaluationReport, baseline_file: Path) -> list[str] | None:
-    """Ids of queries that were a top-10 hit in the saved baseline and are not now."""
+    """Ids of queries that were a top-10 hit in the saved baseline and are not now; ``None``
+    when no baseline is saved."""
     if not baseline_file.is_file():
         return None
     try:
-        base = json.loads(baseline_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EvidenceError(f"cannot read the baseline: {exc}", path=str(baseline_file),
+        base = _Baseline.model_validate_json(baseline_file.read_bytes())
+    except (OSError, ValidationError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not an evaluation report"
+        raise EvidenceError(f"cannot read the baseline: {why}", path=str(baseline_file),
                             code="baseline_unreadable") from None
-    before = {q["id"] for q in base.get("queries", []) if q.get("hit_at_10")}
-    now = {q["id"] for q in report.queries if q["hit_at_10"]}
+    before = {q.id for q in base.queries if q.hit_at_10}
+    now = {q.id for q in report.queries if q.hit_at_10}
     return sorted(before - now)
+
+
+def with_baseline(report: EvaluationReport, baseline_file: Path) -> EvaluationReport:
+    """``report`` with its regressions against the saved baseline (``None`` when none)."""
+    regressions = compare_with_baseline(report, baseline_file)
+    return report.model_copy(update={
+        "regressions": None if regressions is None else tuple(regressions)})
 
 
 def save_baseline(report: EvaluationReport, baseline_file: Path) -> None:
     baseline_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = baseline_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report.to_json(), ensure_ascii=False, indent=2), encoding="utf-8")
+    tmp.write_text(json.dumps(report.model_dump(mode="json"), ensure_ascii=False, indent=2),
+                   encoding="utf-8")
     tmp.replace(baseline_file)

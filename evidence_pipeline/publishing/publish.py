@@ -37,8 +37,8 @@ from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
     baseline_path,
-    compare_with_baseline,
     evaluate,
+    with_baseline,
 )
 from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
 from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter, open_index_writer
@@ -93,7 +93,8 @@ class PublishResult:
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "revision": self.revision,
                 "activated": self.activated,
-                "evaluation": self.evaluation.summary if self.evaluation else None,
+                "evaluation": (self.evaluation.summary.model_dump(mode="json")
+                               if self.evaluation else None),
                 "counts": self.counts,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
 
@@ -455,9 +456,9 @@ def evaluate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWrit
         report = evaluate(searcher, evalset, unit_kinds=kinds, generation=number)
         # an unreadable baseline must not block publication: it only adds information
         with contextlib.suppress(EvidenceError):
-            report.regressions = compare_with_baseline(report, baseline_path(ws.state_dir))
+            report = with_baseline(report, baseline_path(ws.state_dir))
         registry.update_generation(wid, number, counts=candidate.counts,
-                                   evaluation=report.to_json())
+                                   evaluation=report.model_dump(mode="json"))
         if not report.gate_passed:
             registry.update_generation(wid, number, status=GenerationStatus.failed)
             _discard(index, wid, number)
@@ -467,7 +468,7 @@ def evaluate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWrit
 
 def gate_failure(report: EvaluationReport) -> GateFailed:
     """The error of a failed gate, naming the queries without an expected unit in the top 10."""
-    missed = [q["id"] for q in report.queries if not q["hit_at_10"]]
+    missed = report.missed_queries
     regressed = (f"; regressions against the baseline: {', '.join(report.regressions)}"
                  if report.regressions else "")
     return GateFailed(report, f"evaluation gate failed: {len(missed)} query(ies) without "
