@@ -28,6 +28,7 @@ __all__ = [
     "open_repo",
     "require_clean",
     "resolve_revision",
+    "stale_paths",
 ]
 
 # Written last into a materialized tree; its presence with the right revision means "complete".
@@ -197,22 +198,25 @@ def materialize_revision(
     """Write the committed tree of ``revision`` (only ``paths`` when given) into ``dest``.
 
     The tree is built in a temporary directory beside ``dest`` and renamed into place, with a
-    marker naming the revision written last; an existing complete ``dest`` for the same
-    revision and paths is reused. A ``dest`` that is not a materialization is never replaced.
+    marker naming the revision written last. An existing ``dest`` for the same revision and
+    paths is reused only when every file in it still is the committed blob (same object id,
+    nothing added, removed or turned into a link); otherwise it is rebuilt from Git, so what is
+    read from ``dest`` is always what the commit holds. A ``dest`` that is not a
+    materialization (or is a symbolic link) is never replaced.
     """
     root, dest = Path(root), Path(dest)
     sha = resolve_revision(root, revision)
     wanted = _outermost({_clean_relpath(p) for p in paths})
     expected = {"revision": sha, "paths": wanted}
     if dest.exists() or dest.is_symlink():
-        marker = _read_marker(dest)
-        if marker == expected:
-            return dest
-        if marker is None or not dest.is_dir() or dest.is_symlink():
+        marker = None if dest.is_symlink() or not dest.is_dir() else _read_marker(dest)
+        if marker is None:
             raise GitError(
                 "exists and is not a materialized revision; refusing to replace it",
                 path=str(dest),
             )
+        if marker == expected and not _stale(root, sha, wanted, dest):
+            return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
@@ -221,13 +225,7 @@ def materialize_revision(
             if not wanted:
                 _write_item(tree, tmp)
             for sub in wanted:
-                try:
-                    item = tree / sub
-                except KeyError:
-                    raise GitError(
-                        f"path {sub!r} does not exist at revision {sha}", path=str(root)
-                    ) from None
-                _write_item(item, tmp / sub)
+                _write_item(_subtree(tree, sub, sha, root), tmp / sub)
         (tmp / MARKER_NAME).write_text(json.dumps(expected, indent=2) + "\n", encoding="utf-8")
         tmp.chmod(0o755)
         _swap_into_place(tmp, dest, expected)
@@ -235,6 +233,85 @@ def materialize_revision(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def _subtree(tree: git.Tree, sub: str, sha: str, root: Path) -> git.Blob | git.Tree:
+    try:
+        return tree / sub
+    except KeyError:
+        raise GitError(f"path {sub!r} does not exist at revision {sha}", path=str(root)) from None
+
+
+# What materializing writes, as (kind, object id): a regular file or a link with its blob id, a
+# directory (a tree, a submodule's empty mount point, or a parent of a requested path).
+_Entry = tuple[str, str | None]
+
+
+def _committed_entries(tree: git.Tree, wanted: Sequence[str], sha: str,
+                       root: Path) -> dict[str, _Entry]:
+    entries: dict[str, _Entry] = {}
+
+    def add(path: str, item: git.Blob | git.Tree | git.Submodule) -> None:
+        if item.type == "blob":
+            entries[path] = ("link" if stat.S_ISLNK(item.mode) else "file", item.hexsha)
+        else:
+            entries[path] = ("dir", None)
+
+    for sub in wanted or [""]:
+        item = _subtree(tree, sub, sha, root) if sub else tree
+        parts = PurePosixPath(sub).parts
+        for i in range(1, len(parts)):
+            entries["/".join(parts[:i])] = ("dir", None)
+        if sub:
+            add(sub, item)
+        if item.type == "tree":
+            for found in item.traverse():
+                add(found.path, found)
+    return entries
+
+
+def _blob_id(data: bytes, algorithm: str) -> str:
+    """Git's object id of a blob holding ``data`` (``sha1``, or ``sha256`` repositories)."""
+    digest = hashlib.new(algorithm)
+    digest.update(b"blob %d\0" % len(data))
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _present_entries(dest: Path, algorithm: str) -> dict[str, _Entry]:
+    """What ``dest`` holds, in the shape of :func:`_committed_entries` (links never followed)."""
+    found: dict[str, _Entry] = {}
+    for top, dirs, files in os.walk(dest, followlinks=False):
+        base = Path(top)
+        for name in [*dirs, *files]:
+            path = base / name
+            rel = path.relative_to(dest).as_posix()
+            if rel == MARKER_NAME:
+                continue
+            if path.is_symlink():
+                found[rel] = ("link", _blob_id(os.fsencode(os.readlink(path)), algorithm))
+            elif path.is_dir():
+                found[rel] = ("dir", None)
+            elif path.is_file():
+                found[rel] = ("file", _blob_id(path.read_bytes(), algorithm))
+            else:  # a fifo, socket or device: nothing a commit holds
+                found[rel] = ("other", None)
+    return found
+
+
+def stale_paths(root: Path, revision: str, dest: Path, *, paths: Sequence[str] = ()) -> list[str]:
+    """Paths under ``dest`` that differ from ``revision``'s committed tree (``paths`` only, as
+    materialized): edited, added, removed, or of another type (a link for a file); sorted."""
+    return _stale(root, resolve_revision(root, revision),
+                  _outermost({_clean_relpath(p) for p in paths}), dest)
+
+
+def _stale(root: Path, sha: str, wanted: Sequence[str], dest: Path) -> list[str]:
+    with open_repo(root) as repo:
+        committed = _committed_entries(repo.commit(sha).tree, wanted, sha, root)
+    present = _present_entries(dest, "sha256" if len(sha) == 64 else "sha1")
+    return sorted(p for p in committed.keys() | present.keys()
+                  if committed.get(p) != present.get(p))
 
 
 def _outermost(paths: set[str]) -> list[str]:

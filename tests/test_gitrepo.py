@@ -223,10 +223,14 @@ def test_materialize_keeps_modes_and_links(repo: Path, tmp_path: Path) -> None:
 def test_materialize_reuses_a_complete_destination(repo: Path, tmp_path: Path) -> None:
     head = resolve_revision(repo)
     dest = materialize_revision(repo, head, tmp_path / "m")
-    sentinel = dest / "sentinel"
-    sentinel.write_text("kept")
+    built = dest.stat().st_ino
     assert materialize_revision(repo, "HEAD", dest) == dest
-    assert sentinel.read_text() == "kept"  # reused, not rebuilt
+    assert dest.stat().st_ino == built  # reused, not rebuilt
+    sentinel = dest / "sentinel"
+    sentinel.write_text("not committed")
+    assert materialize_revision(repo, "HEAD", dest) == dest
+    assert not sentinel.exists()  # a file no commit holds: rebuilt from Git (issue 14 item 4)
+    assert dest.stat().st_ino != built
 
 
 def test_materialize_replaces_another_revision_but_never_foreign_directories(

@@ -6,6 +6,7 @@ No rule lives here (see ``rules``); ``validator`` puts reading and rules togethe
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -48,13 +49,12 @@ class SourceReader:
         if pure.is_absolute() or ".." in pure.parts or not rel.startswith("source/"):
             return "source path must stay under source/"
         file = self.evidence_dir / rel
-        base = (self.evidence_dir / "source").resolve()
         try:
             resolved = file.resolve()
         except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
             return "source cannot be resolved"
-        if not resolved.is_relative_to(base):
-            return "source path leaves the source/ tree (symlink?)"
+        if resolved != self.evidence_dir.resolve() / pure:
+            return "source is reached through a symbolic link (a commit holds only the link)"
         if not file.is_file():
             return "source file does not exist"
         raw = file.read_bytes()
@@ -74,13 +74,37 @@ class LoadedUnit:
     unit: UnitBase | None
 
 
+def symlinks_under(evidence_dir: Path) -> list[str]:
+    """Every symbolic link under ``evidence_dir`` (files and directories; links are never
+    followed), relative to it and sorted; ``["."]`` when ``evidence_dir`` itself is one.
+
+    A commit holds a link, not what it points to: content reached through one was never
+    reviewed, so none of it may enter the corpus (spec §7.2).
+    """
+    if evidence_dir.is_symlink():
+        return ["."]
+    found: list[str] = []
+    for top, dirs, files in os.walk(evidence_dir, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(top, name)
+            if path.is_symlink():
+                found.append(path.relative_to(evidence_dir).as_posix())
+    return sorted(found)
+
+
 def corpus_files(evidence_dir: Path, patterns: Sequence[str]) -> list[str]:
-    """Curated files matching the descriptor's patterns, relative to evidence/, sorted."""
+    """Curated files matching the descriptor's patterns, relative to evidence/, sorted; never
+    a symbolic link nor a file reached through one (see :func:`symlinks_under`)."""
+    links = set(symlinks_under(evidence_dir))
+    if "." in links:
+        return []
     found: set[str] = set()
     for pattern in patterns:
         for file in evidence_dir.glob(pattern):
-            if file.is_file() or file.is_symlink():
-                found.add(file.relative_to(evidence_dir).as_posix())
+            parts = file.relative_to(evidence_dir).parts
+            if file.is_file() and not any("/".join(parts[:n]) in links
+                                          for n in range(1, len(parts) + 1)):
+                found.add("/".join(parts))
     return sorted(found)
 
 

@@ -6,6 +6,7 @@ materialized revision before publishing.
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,7 +20,12 @@ from evidence_pipeline.authoring.manifest import (
     read_manifest,
 )
 from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
-from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
+from evidence_pipeline.validation.corpus import (
+    LoadedUnit,
+    SourceReader,
+    corpus_files,
+    symlinks_under,
+)
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
 from evidence_pipeline.validation.rules import (
     check_corpus,
@@ -39,7 +45,8 @@ _UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
                sources: SourceReader, skip_source: frozenset[str] = frozenset(),
                check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
-    """Read, parse and (unless ``check`` is false) check each curated file."""
+    """Read, parse and (unless ``check`` is false) check each curated file (``rel_paths`` from
+    :func:`corpus_files`, which leaves out symbolic links)."""
     loaded: list[LoadedUnit] = []
     problems: list[Problem] = []
     for rel in rel_paths:
@@ -50,11 +57,6 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
             problems.append(Problem("unsafe_path", Severity.error, ascii(shown), None,
                                     f"the file name contains a control character "
                                     f"(U+{ord(bad[0]):04X})"))
-            loaded.append(LoadedUnit(rel, None, None))
-            continue
-        if file.is_symlink():
-            problems.append(Problem("unsafe_path", Severity.error, shown, None,
-                                    "curated files must not be symlinks"))
             loaded.append(LoadedUnit(rel, None, None))
             continue
         try:
@@ -100,6 +102,7 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     except ManifestError as exc:
         problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
         manifest = None
+    problems.extend(symlink_problems(evidence_dir, shown_prefix=shown_prefix))
     rel_paths = corpus_files(evidence_dir, patterns)
     skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
         else frozenset()
@@ -112,6 +115,27 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
         problems.extend(check_corpus(loaded, manifest, shown_prefix=shown_prefix,
                                      sources=sources))
     return ValidationReport(units=len(rel_paths), problems=problems), loaded
+
+
+def symlink_problems(evidence_dir: Path, *, shown_prefix: str) -> list[Problem]:
+    """``unsafe_path`` for every symbolic link under the evidence directory, itself included:
+    a commit holds the link, never what it points to, so nothing reached through one is read
+    (spec §7.2: only what a reviewed revision holds is published)."""
+    out: list[Problem] = []
+    for rel in symlinks_under(evidence_dir):
+        shown = shown_prefix.rstrip("/") if rel == "." else f"{shown_prefix}{rel}"
+        link = evidence_dir if rel == "." else evidence_dir / rel
+        out.append(Problem("unsafe_path", Severity.error, _printable(shown), None,
+                           f"a symbolic link (to {os.readlink(link)!r}) is not allowed under "
+                           f"{shown_prefix}: publication reads only what a commit holds; commit "
+                           "the files themselves"))
+    return out
+
+
+def _printable(shown: str) -> str:
+    """``shown``, or its ``ascii()`` form when it holds a control character."""
+    unsafe = any(unicodedata.category(ch) in _UNSAFE_NAME_CATEGORIES for ch in shown)
+    return ascii(shown) if unsafe else shown
 
 
 def atomic_problem(path: str, evidence_id: str, field: str, message: str) -> Problem:
