@@ -63,6 +63,12 @@ class IndexUnavailableError(IndexError_):
     code = "index_unreachable"
 
 
+class IndexMissingError(IndexUnavailableError):
+    """There is no index at the configured place (never published there, or lost)."""
+
+    code = "index_unreachable"
+
+
 class IndexLockedError(IndexError_):
     """The embedded shard is held by another process (Qdrant Edge takes an exclusive lock)."""
 

@@ -50,6 +50,7 @@ class UnavailableCode(StrEnum):
     no_active_generation = "no_active_generation"
     revision_mismatch = "revision_mismatch"
     generation_unknown = "generation_unknown"
+    generation_missing = "generation_missing"
     index_unreachable = "index_unreachable"
     index_locked = "index_locked"
     index_error = "index_error"
@@ -192,6 +193,26 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
     return results
 
 
+def missing_points(index: EvidenceIndex, workspace_id: str, generation: Generation) -> str | None:
+    """Why ``generation`` has lost its points in ``index`` (fewer than the registry recorded,
+    or none where it recorded no count), or None when they are there.
+
+    A generation without its points must never answer an empty ``available`` (spec §13.3):
+    the index was lost or rebuilt after the registry recorded it.
+    """
+    found = index.count({"workspace_id": workspace_id, "vector_generation": generation.number,
+                         "record_kind": RECORD_KIND})
+    expected = generation.counts.get("fragments")
+    if isinstance(expected, int) and not isinstance(expected, bool):
+        if found >= expected:
+            return None
+        return (f"generation {generation.number} has {found} of its {expected} points in the "
+                "index (the index was lost or rebuilt)")
+    if found:
+        return None
+    return f"generation {generation.number} has no points in the index (lost or rebuilt)"
+
+
 def _excerpt(text: str) -> str:
     # the fragment text starts with the unit's labels (title, kind, applies_to): show the content
     _head, sep, content = text.partition("\n\n")
@@ -231,6 +252,7 @@ class EvidenceSearcher:
         self._owns_registry = False
         self._index_config = index_config
         self._lock = threading.Lock()
+        self._present: int | None = None  # the generation whose points were last found
 
     @classmethod
     def for_workspace(cls, workspace: Workspace | Path | str, *,
@@ -346,16 +368,27 @@ class EvidenceSearcher:
         if isinstance(state, EvidenceSearchOutcome):
             return state.model_copy(update={"purpose": purpose})
         gen, revision = state
-        try:
-            dense = self.embedder.embed_query(text) if mode != "bm25" else None
-        except EmbedderError as exc:
-            return unavailable(UnavailableCode.embedder_failed, exc.message, purpose=purpose)
         match = build_match(self.workspace_id, revision, gen.number, purpose, context)
+        hits: list[Hit] = []
         try:
-            hits = self.index().query(dense=dense, text=text if mode != "dense" else None,
-                                      match=match, limit=max(limit * 4, limit),
-                                      mode=mode, prefetch_limit=self.prefetch_limit,
-                                      rrf_k=self.rrf_k)
+            index = self.index()
+            lost = self._lost_points(index, gen)
+            if lost is None:
+                try:
+                    dense = self.embedder.embed_query(text) if mode != "bm25" else None
+                except EmbedderError as exc:
+                    return unavailable(UnavailableCode.embedder_failed, exc.message,
+                                       purpose=purpose)
+                hits = index.query(dense=dense, text=text if mode != "dense" else None,
+                                   match=match, limit=max(limit * 4, limit), mode=mode,
+                                   prefetch_limit=self.prefetch_limit, rrf_k=self.rrf_k)
+                if not hits:  # nothing found: is it the question, or the points are gone?
+                    lost = self._lost_points(index, gen, recount=True)
+            if lost is not None:
+                return unavailable(UnavailableCode.generation_missing,
+                                   f"{lost}: publish the activated revision again "
+                                   "(tht workspace preprocess evidence)",
+                                   generation=gen.number, purpose=purpose)
         except ConfigError as exc:  # e.g. the server's API key variable is not set
             return unavailable(UnavailableCode.not_configured, str(exc), purpose=purpose)
         except IndexError_ as exc:
@@ -368,6 +401,16 @@ class EvidenceSearcher:
         return EvidenceSearchOutcome(status="available", generation=gen.number,
                                      revision=revision, purpose=purpose,
                                      results=tuple(results))
+
+    def _lost_points(self, index: EvidenceIndex, gen: Generation, *,
+                     recount: bool = False) -> str | None:
+        """Why ``gen``'s points are missing, or None: counted once per generation change
+        (cheap, one count), and again when ``recount``."""
+        if self._present == gen.number and not recount:
+            return None
+        lost = missing_points(index, self.workspace_id, gen)
+        self._present = None if lost else gen.number
+        return lost
 
     def _reset_registry(self) -> None:
         """Forget a registry this searcher opened, so the next call opens it again (it may

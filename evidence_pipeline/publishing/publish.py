@@ -48,9 +48,15 @@ from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, ValidationReport, sort_problems
 from evidence_pipeline.validation.validator import atomic_problem, validate_corpus
 from evidence_runtime.embeddings import Embedder, make_embedder
-from evidence_runtime.errors import EvidenceError, RegistryError
+from evidence_runtime.errors import EvidenceError, IndexMissingError, RegistryError
+from evidence_runtime.index import open_index
 from evidence_runtime.registry import Generation, GenerationStatus
-from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, index_config
+from evidence_runtime.search import (
+    RECORD_KIND,
+    EvidenceSearcher,
+    index_config,
+    missing_points,
+)
 from evidence_runtime.workspace import Workspace, load_workspace
 
 POINT_NAMESPACE = uuid.UUID("6f1c1a52-3d0e-5b8e-9a57-4d2b0e7c9a10")
@@ -164,7 +170,11 @@ def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
     """Record the activated revision (default: HEAD of a clean tree).
 
     When a retained generation of that revision exists, it becomes active again at once
-    (explicit rollback, §13.2) without re-indexing.
+    (explicit rollback, §13.2) without re-indexing, once its points are counted in the index,
+    under the publish lock (so a concurrent retention cannot delete them meanwhile). When the
+    index has lost them (lost or rebuilt since), the revision is activated all the same
+    (Evidence is unavailable until it is published again), the generation is recorded as no
+    longer retained, and :class:`PublishError` ``generation_missing`` says so.
     """
     ws = load_workspace(root)
     if revision is None:
@@ -172,14 +182,44 @@ def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
         sha = resolve_revision(ws.root, "HEAD")
     else:
         sha = resolve_revision(ws.root, revision)
-    with open_registry(ws) as registry:
-        registry.activate_revision(ws.config.workspace_id, sha)
-        previous = registry.latest_generation_for_revision(ws.config.workspace_id, sha)
-        reactivated = None
-        if previous is not None and previous.counts.get("points_retained", True):
-            registry.activate_generation(ws.config.workspace_id, previous.number)
-            reactivated = previous.number
-    return ActivationResult(sha, reactivated)
+    wid = ws.config.workspace_id
+    with publish_lock(ws), open_registry(ws) as registry:
+        previous = registry.latest_generation_for_revision(wid, sha)
+        if previous is not None and not previous.counts.get("points_retained", True):
+            previous = None
+        lost = None if previous is None else _lost_points(ws, previous)
+        registry.activate_revision(wid, sha)
+        if previous is None:
+            return ActivationResult(sha, None)
+        if lost is not None:
+            registry.update_generation(wid, previous.number,
+                                       counts={**previous.counts, "points_retained": False})
+            raise PublishError(
+                f"revision {sha[:12]} is activated, but its generation {previous.number} cannot "
+                f"be reactivated: {lost}. Evidence is unavailable until `tht workspace "
+                "preprocess evidence` publishes the revision again", code="generation_missing",
+                path=str(ws.root))
+        registry.activate_generation(wid, previous.number)
+    return ActivationResult(sha, previous.number)
+
+
+def _lost_points(ws: Workspace, generation: Generation) -> str | None:
+    """Why the index no longer holds ``generation``'s points, or None when it does. An index
+    that cannot be read now (locked, unreachable) refuses the activation: nothing changes."""
+    try:
+        index = open_index(index_config(ws), language=ws.config.language)
+    except IndexMissingError as exc:
+        return f"the index is gone ({exc})"
+    except EvidenceError as exc:
+        raise PublishError(f"cannot check that generation {generation.number} still has its "
+                           f"points: {exc}", code=exc.code, path=str(ws.root)) from exc
+    try:
+        return missing_points(index, ws.config.workspace_id, generation)
+    except EvidenceError as exc:
+        raise PublishError(f"cannot check that generation {generation.number} still has its "
+                           f"points: {exc}", code=exc.code, path=str(ws.root)) from exc
+    finally:
+        index.close()
 
 
 def fragment_payload(ws: Workspace, revision: str, generation: int, item: LoadedUnit,

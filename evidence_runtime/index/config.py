@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evidence_runtime.errors import ConfigError, IndexUnavailableError
+from evidence_runtime.errors import ConfigError, IndexMissingError
 from evidence_runtime.index.base import EvidenceIndex
 from evidence_runtime.index.edge import EdgeIndex
 from evidence_runtime.index.server import Bm25Mode, ServerIndex
@@ -135,8 +135,8 @@ def open_index(
     """Open the published index for reading.
 
     An embedded shard that does not exist, or a server collection that does not, is
-    :class:`IndexUnavailableError`; an unknown engine or a missing value is
-    :class:`ConfigError`; relative paths are the caller's to resolve.
+    :class:`IndexMissingError` (an ``IndexUnavailableError``); an unknown engine or a missing
+    value is :class:`ConfigError`; relative paths are the caller's to resolve.
     """
     cfg = IndexConfig.of(config)
     if cfg.engine == "edge":
@@ -145,5 +145,5 @@ def open_index(
     index = ServerIndex(client, collection, language=language, bm25=cfg.bm25_mode)
     if not index.exists():
         index.close()
-        raise IndexUnavailableError("the collection does not exist", path=collection)
+        raise IndexMissingError("the collection does not exist", path=collection)
     return index

@@ -14,7 +14,12 @@ from typing import Self
 
 import qdrant_edge as qe
 
-from evidence_runtime.errors import IndexError_, IndexLockedError, IndexUnavailableError
+from evidence_runtime.errors import (
+    IndexError_,
+    IndexLockedError,
+    IndexMissingError,
+    IndexUnavailableError,
+)
 from evidence_runtime.index.base import (
     BM25_VECTOR,
     SCROLL_PAGE,
@@ -83,12 +88,13 @@ class EdgeIndex:
 
     @classmethod
     def open(cls, path: Path | str, *, language: str = "italian") -> Self:
-        """Open the existing shard at ``path``: :class:`IndexUnavailableError` when there is
-        none, :class:`IndexLockedError` when another process holds it."""
+        """Open the existing shard at ``path``: :class:`IndexMissingError` (an
+        :class:`IndexUnavailableError`) when there is none, :class:`IndexLockedError` when
+        another process holds it."""
         path = Path(path)
         bm25 = bm25_model(language)  # a bad language fails before any file is touched
         if not shard_exists(path):
-            raise IndexUnavailableError("no embedded index at this path", path=str(path))
+            raise IndexMissingError("no embedded index at this path", path=str(path))
         return cls(path, cls._load(path), language=language, bm25=bm25)
 
     @staticmethod
