@@ -19,15 +19,18 @@ MAX_EXCERPT_CHARS = 1000
 MAX_EXCERPTS = 5
 
 ID_PREFIX = "evidence:"
-SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-ID_RE = re.compile(r"^evidence:[a-z0-9]+(?:-[a-z0-9]+)*$")
-SHA256_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-CODE_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Every pattern matches the whole string (\A…\Z, used with fullmatch): ``$`` would also accept
+# a trailing newline, and "evidence:x\n" would be a second, different id.
+SLUG_RE = re.compile(r"\A[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+ID_RE = re.compile(r"\Aevidence:[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+SHA256_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+CODE_RE = re.compile(r"\A[a-z][a-z0-9_]*\Z")
+LANGUAGE_RE = re.compile(r"\A[a-z]{2}(?:-[A-Z]{2})?\Z")
 
 # A PostgreSQL identifier: plain (letters, digits, _, $) or double-quoted ("" escapes a quote).
 _IDENT = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
-TABLE_RE = re.compile(rf"^{_IDENT}(?:\.{_IDENT})?$")
-COLUMN_RE = re.compile(rf"^{_IDENT}(?:\.{_IDENT}){{1,2}}$")
+TABLE_RE = re.compile(rf"\A{_IDENT}(?:\.{_IDENT})?\Z")
+COLUMN_RE = re.compile(rf"\A{_IDENT}(?:\.{_IDENT}){{1,2}}\Z")
 
 
 class EvidenceKind(StrEnum):
@@ -76,14 +79,14 @@ def _unique(values: list[str]) -> list[str]:
 
 def check_table_ref(value: str) -> str:
     """Accept ``table`` or ``schema.table`` (PostgreSQL identifiers, quoted or not)."""
-    if not TABLE_RE.match(value):
+    if not TABLE_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a table reference (schema.table)")
     return value
 
 
 def check_column_ref(value: str) -> str:
     """Accept ``table.column`` or ``schema.table.column`` (PostgreSQL identifiers)."""
-    if not COLUMN_RE.match(value):
+    if not COLUMN_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a column reference (schema.table.column)")
     return value
 
@@ -123,7 +126,7 @@ class ReviewItem(BaseModel):
     @field_validator("code")
     @classmethod
     def _code(cls, v: str) -> str:
-        if not CODE_RE.match(v):
+        if not CODE_RE.fullmatch(v):
             raise ValueError("must be a snake_case code such as ambiguous_source_statement")
         return v
 
@@ -175,7 +178,7 @@ class Provenance(BaseModel):
     @field_validator("source_sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
-        if not SHA256_RE.match(v):
+        if not SHA256_RE.fullmatch(v):
             raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
         return v
 
@@ -341,7 +344,7 @@ class UnitBase(BaseModel):
     kind: EvidenceKind
     purposes: list[EvidencePurpose] = Field(min_length=1)
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
-    language: str = Field(pattern=r"^[a-z]{2}(?:-[A-Z]{2})?$")
+    language: str
     provenance: Provenance
     review_items: list[ReviewItem] = Field(default_factory=list[ReviewItem])
 
@@ -349,6 +352,13 @@ class UnitBase(BaseModel):
     @classmethod
     def _id(cls, v: str) -> str:
         check_evidence_id(v)
+        return v
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str) -> str:
+        if not LANGUAGE_RE.fullmatch(v):
+            raise ValueError("must be a language code such as it or it-IT")
         return v
 
     @field_validator("purposes")
@@ -371,7 +381,7 @@ class UnitBase(BaseModel):
 
 def check_evidence_id(value: str) -> str:
     """Check ``evidence:<slug>``; the kind must not be encoded in the id (spec §4.2)."""
-    if not ID_RE.match(value):
+    if not ID_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an id of the form evidence:<slug> (lowercase letters, digits, -)"
         )

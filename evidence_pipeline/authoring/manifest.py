@@ -36,7 +36,7 @@ class SourceEntry(BaseModel):
     @field_validator("sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
-        if not SHA256_RE.match(v):
+        if not SHA256_RE.fullmatch(v):
             raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
         return v
 
