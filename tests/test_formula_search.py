@@ -15,11 +15,14 @@ from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.units import EvidenceKind
-from tests.test_formulas import approve, commit, make_ws, proposal, write_artifact
+from tests.helpers import VectorStore, commit
+from tests.test_formulas import approve, make_ws, proposal, write_artifact
 
 
-def test_reviewed_formulas_are_published_and_found_with_kind_formula(tmp_path: Path) -> None:
+def test_reviewed_formulas_are_published_and_found_with_kind_formula(
+        tmp_path: Path, vector_store: VectorStore) -> None:
     ws = make_ws(tmp_path)
+    vector_store.seed(ws)  # the shipped vectors hold this corpus's fragments too
     legacy = import_formulas(ws, LEGACY_FORMULAS)
     commit(ws, "import legacy formulas")
     blocked = [e.evidence_id for e in legacy.entries if e.review_codes]

@@ -20,6 +20,7 @@ from evidence_pipeline.gitrepo import (
     require_clean,
     resolve_revision,
 )
+from tests.helpers import commit
 
 
 def git(root: Path, *args: str) -> str:
@@ -44,12 +45,6 @@ def write(root: Path, rel: str, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def commit_all(root: Path, message: str) -> str:
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", message)
-    return git(root, "rev-parse", "HEAD")
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A workspace repository with two commits; returns its root."""
@@ -60,10 +55,10 @@ def repo(tmp_path: Path) -> Path:
     write(root, ".gitignore", ".tht/\n")
     write(root, "evidence/source/paziente.md", "# Paziente\nv1\n")
     write(root, "evidence/curated/concept/fascia.md", "---\nid: evidence:fascia\n---\nv1\n")
-    commit_all(root, "first")
+    commit(root, "first")
     write(root, "evidence/curated/concept/fascia.md", "---\nid: evidence:fascia\n---\nv2\n")
     write(root, "evidence/curated/rule/eta.md", "---\nid: evidence:eta\n---\nnew\n")
-    commit_all(root, "second")
+    commit(root, "second")
     return root
 
 
@@ -214,7 +209,7 @@ def test_materialize_keeps_modes_and_links(repo: Path, tmp_path: Path) -> None:
     write(repo, "tools/run.sh", "#!/bin/sh\n")
     (repo / "tools/run.sh").chmod(0o755)
     os.symlink("run.sh", repo / "tools/link")
-    head = commit_all(repo, "tools")
+    head = commit(repo, "tools")
     dest = materialize_revision(repo, head, tmp_path / "m", paths=["tools"])
     assert (dest / "tools/run.sh").stat().st_mode & stat.S_IXUSR
     assert os.readlink(dest / "tools/link") == "run.sh"
@@ -263,7 +258,7 @@ def test_changed_files(repo: Path) -> None:
         "evidence/curated/rule/eta.md",
     ]
     git(repo, "mv", "evidence/source/paziente.md", "evidence/source/pazienti.md")
-    commit_all(repo, "rename")
+    commit(repo, "rename")
     assert changed_files(repo, "HEAD~1", "HEAD") == [
         "evidence/source/paziente.md",
         "evidence/source/pazienti.md",

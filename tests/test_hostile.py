@@ -53,8 +53,8 @@ from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import MAX_CURATED_BYTES, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt
-from tests.conftest import Outcome, print_fault_summary
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.helpers import Outcome, fault_outcomes
 
 # the Pi CLI's stand-in (the model boundary of the pi backend)
 FAKE_PI = Path(__file__).parent / "fakes" / "fake_pi.py"
@@ -270,7 +270,7 @@ def lost_bytes(before: dict[str, bytes | str], after: dict[str, bytes | str], *,
     return sum(_size(v) for k, v in before.items() if after.get(k) != v and k not in exempt)
 
 
-OUTCOMES: list[Outcome] = []
+OUTCOMES = fault_outcomes("hostile-input scenarios (bytes of data lost must be 0)")
 
 
 @pytest.fixture
@@ -1589,13 +1589,3 @@ def test_short_whole_line_is_a_checkable_excerpt(ws: Path, use_backend) -> None:
     touch_source(ws, "evidence/source/ricovero.md")
     fields = {p["field"] for p in prepare_refused(ws) if p["code"] == "excerpt_too_short"}
     assert fields == {"provenance.supporting_excerpts[0]", "provenance.supporting_excerpts[1]"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Summary (keep last)
-# ---------------------------------------------------------------------------------------------
-
-
-def test_zz_hostile_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    """Print scenarios tried / passed / bytes of data lost for this module; lost must be 0."""
-    print_fault_summary(OUTCOMES, "hostile-input scenarios (bytes of data lost must be 0)", capsys)

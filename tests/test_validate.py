@@ -23,7 +23,7 @@ from evidence_pipeline.validation.rules import (
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.yamlio import load_rt
-from tests.conftest import curated_files
+from tests.helpers import curated_files
 
 
 def run_validate(ws: Path) -> tuple[int, dict]:

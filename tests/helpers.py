@@ -1,0 +1,189 @@
+"""Plain helpers shared by the test modules: Git commits and edits, the CLI, workspace copies,
+open-file checks and the fault-scenario tables. Fixtures and hooks live in ``conftest.py``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from evidence_pipeline.cli import main
+from evidence_pipeline.demo import git
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+
+# Variables that would point a workspace's state, registry or index elsewhere, or run the CLI
+# through Dagster: the suite's workspaces keep everything in their own .tht.
+STATE_ENV = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL",
+             "THT_WORKSPACE")
+
+
+# --------------------------------------------------------------------------- Git and files
+
+
+def commit(ws: Path, message: str = "test change", *, allow_empty: bool = False) -> str:
+    """Stage everything and commit it; the new HEAD. Without ``allow_empty`` a commit with no
+    change fails (the edit the test meant to make did not happen)."""
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", *(["--allow-empty"] if allow_empty else []), "-m", message)
+    return head(ws)
+
+
+def head(ws: Path) -> str:
+    return git(ws, "rev-parse", "HEAD").strip()
+
+
+def edit(file: Path, old: str, new: str) -> None:
+    """Replace the one occurrence of ``old`` in ``file``."""
+    text = file.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} not found once in {file}"
+    file.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def curated_files(ws: Path, kind: str) -> list[Path]:
+    return sorted((ws / "evidence" / "curated" / kind).glob("*.md"))
+
+
+def cli(*args: str) -> Result:
+    """``tht`` in process, stdout and stderr apart."""
+    return CliRunner().invoke(main, list(args))
+
+
+def copy_workspace(src: Path, dest: Path) -> Path:
+    """A private copy of a workspace: the same commits, and its .tht state (registry, Edge shard,
+    vector cache, materialized revisions). Far cheaper than publishing again."""
+    return Path(shutil.copytree(src, dest, symlinks=True))
+
+
+def held_open(root: Path) -> list[str]:
+    """Files and directories under ``root`` that this process holds open (Linux ``/proc``).
+
+    The embedded Qdrant Edge shard is locked per process, so a shard a test leaves open would not
+    fail that test but a later one, in another process, that opens the same path."""
+    fd_dir = Path("/proc/self/fd")
+    if not fd_dir.is_dir():
+        return []
+    prefix = str(root.resolve()) + os.sep
+    found = []
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(fd_dir / fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(prefix):
+            found.append(target)
+    return sorted(found)
+
+
+class VectorStore:
+    """The session's vector cache: the shipped demo vectors plus whatever the session embedded.
+
+    ``seed`` gives a workspace a copy before it publishes, ``keep`` takes back what it added. The
+    cache is content-keyed, so this only saves time: a cold cache gives the same results."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def seed(self, ws: Path) -> None:
+        if self.path.is_file():
+            (ws / ".tht").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.path, ws / ".tht" / "vectors.sqlite3")
+
+    def keep(self, ws: Path) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        shutil.copy2(ws / ".tht" / "vectors.sqlite3", tmp)
+        tmp.replace(self.path)
+
+
+@dataclass(frozen=True)
+class PublishedDemo:
+    """The demo activated and published through the CLI: generation 1 of its first revision.
+
+    Shared by the whole session: read it, never change it; copy it to change state."""
+
+    ws: Path
+    revision: str
+    activate_stdout: str
+    preprocess_json: dict[str, Any]
+    preprocess_stderr: str
+
+
+# --------------------------------------------------------------------------- fault summaries
+
+
+@dataclass
+class Outcome:
+    """One fault scenario of a suite: did it pass, and how many bytes of data did it lose."""
+
+    group: str
+    name: str
+    passed: bool = False
+    bytes_lost: int = 0
+
+
+@dataclass
+class FaultSummary:
+    """The scenarios of one suite, printed at the end of the run by ``conftest.py``'s
+    ``pytest_terminal_summary``; bytes lost in any of them fail the whole run."""
+
+    title: str
+    outcomes: list[Outcome]
+
+    @property
+    def bytes_lost(self) -> int:
+        return sum(o.bytes_lost for o in self.outcomes)
+
+    def lines(self) -> list[str]:
+        """Scenarios tried / passed / bytes lost per group, and the total."""
+        groups: dict[str, list[Outcome]] = {}
+        for o in self.outcomes:
+            groups.setdefault(o.group, []).append(o)
+        rows = [(g, len(os_), sum(o.passed for o in os_), sum(o.bytes_lost for o in os_))
+                for g, os_ in sorted(groups.items())]
+        total = ("total", len(self.outcomes), sum(o.passed for o in self.outcomes),
+                 self.bytes_lost)
+        width = max([len(r[0]) for r in rows] + [len("scenario group"), len(total[0])])
+        header = f"{'scenario group':<{width}}  {'tried':>6}  {'passed':>6}  {'bytes lost':>10}"
+        lines = [self.title, header, "-" * len(header)]
+        lines += [f"{g:<{width}}  {t:>6}  {p:>6}  {lost:>10}" for g, t, p, lost in rows]
+        lines += ["-" * len(header), f"{total[0]:<{width}}  {total[1]:>6}  {total[2]:>6}  "
+                  f"{total[3]:>10}"]
+        if self.bytes_lost:
+            lines.append("data lost in: " + ", ".join(o.name for o in self.outcomes
+                                                      if o.bytes_lost))
+        return lines
+
+
+SUMMARIES: list[FaultSummary] = []
+
+
+def fault_outcomes(title: str) -> list[Outcome]:
+    """The list a fault suite records its scenarios in; its table is printed after the run."""
+    summary = FaultSummary(title, [])
+    SUMMARIES.append(summary)
+    return summary.outcomes
+
+
+# --------------------------------------------------------------------------- index wrappers
+
+
+class Delegating:
+    """An index that forwards everything to a real one (fault injection overrides a method)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class KeepOpen(Delegating):
+    """Keeps an in-process qdrant-client collection alive after ``preprocess`` closes it."""
+
+    def close(self) -> None:
+        pass
