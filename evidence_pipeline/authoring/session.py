@@ -22,7 +22,7 @@ from evidence_pipeline.authoring.manifest import (
     read_manifest,
     require_compatible,
 )
-from evidence_pipeline.gitrepo import require_clean
+from evidence_pipeline.gitrepo import dirty_paths, require_clean
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.state import STATE_DIR_NAME
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
@@ -165,8 +165,19 @@ class AuthoringSession:
         return set(self.existing) | manifest.all_unit_ids() | set(manifest.orphans) | names
 
     def apply(self, batch: Batch) -> None:
-        """Apply ``batch`` (paths relative to the workspace root) all or nothing."""
+        """Apply ``batch`` (paths relative to the workspace root) all or nothing.
+
+        The paths checked clean by :meth:`load` must still be clean: a file edited while the
+        command ran (a model call can take minutes) refuses the batch, so the edit is kept.
+        """
         if batch.is_empty():
             return
+        dirty = dirty_paths(self.ws.root, self.guarded)
+        if dirty:
+            listed = ", ".join(dirty[:10]) + (f" and {len(dirty) - 10} more"
+                                              if len(dirty) > 10 else "")
+            raise EvidenceError(f"{self.what} refused: {len(dirty)} file(s) changed while it "
+                                f"ran: {listed}; nothing was written, run {self.what} again",
+                                path=str(self.ws.root), code="workspace_changed")
         apply_batch(self.ws.root, authoring_dir(self.ws), batch,
                     name=f"{self.what.split()[0]}-{time.time_ns()}")

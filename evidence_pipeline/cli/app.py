@@ -201,6 +201,44 @@ def resolve(evidence_id: str, retire: bool, source: str | None, workspace_root: 
                      + " (no commit made; review with git diff)")
 
 
+@evidence.command()
+@workspace_root
+@click.option("--finish", is_flag=True, help="Apply the interrupted batch, also over files "
+              "edited since it was staged (each is first copied to .tht/conflicts/<batch>/).")
+@click.option("--drop", is_flag=True, help="Discard the interrupted batch; files it had "
+              "already replaced are put back unless edited since; edits are kept.")
+@json_option
+@user_errors
+def recover(workspace_root: Path, finish: bool, drop: bool, as_json: bool) -> None:
+    """Show, finish or drop a batch that an interrupted prepare, resolve or import left staged.
+
+    Needed only when a file of that batch was edited since (the other commands then refuse and
+    keep both). Without --finish or --drop it only shows what is pending.
+    """
+    from evidence_pipeline.authoring.recovery import recover_workspace
+
+    if finish and drop:
+        raise click.UsageError("--finish and --drop are mutually exclusive")
+    result = recover_workspace(workspace_root, finish=finish, drop=drop)
+    if as_json:
+        emit_json(result.model_dump(mode="json"))
+        return
+    if not result.batches:
+        stdout.print("nothing to recover: no interrupted batch is staged")
+    for b in result.batches:
+        edited = f"; edited since: {', '.join(b.conflicts)}" if b.conflicts else ""
+        stdout.print(f"{escape(b.name)}: {b.state}, {b.done}/{b.files} file(s) done"
+                     f"{escape(edited)}")
+    for path in result.set_aside:
+        stdout.print(f"[yellow]edit set aside[/]: {escape(path)}")
+    for path in result.restored:
+        stdout.print(f"restored: {escape(path)}")
+    for path in result.kept:
+        stdout.print(f"[yellow]kept as edited[/]: {escape(path)}")
+    if result.action != "inspected" and result.batches:
+        stdout.print(f"{result.action}; review with git diff (no commit made)")
+
+
 # ---------------------------------------------------------------------------------------------
 # publishing
 # ---------------------------------------------------------------------------------------------
