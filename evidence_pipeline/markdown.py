@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
+from html.parser import HTMLParser
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -79,7 +80,9 @@ class Block:
     ``items`` are the line ranges of a list's items; ``verbatim`` the ranges of code and HTML
     blocks nested inside a list or quote (``verbatim_kinds`` says which). ``rows`` are a table's
     cells, the header row first, as GFM reads them (every row as wide as the header; an escaped
-    pipe is a pipe). Trailing blank lines belong to no block.
+    pipe is a pipe); an HTML block holding a ``<table>`` has them too, and ``header`` says
+    whether its first row is one. ``visible`` is an HTML block's text without tags and comments.
+    Trailing blank lines belong to no block.
     """
 
     kind: BlockKind
@@ -94,6 +97,8 @@ class Block:
     verbatim: tuple[Span, ...] = ()
     verbatim_kinds: tuple[BlockKind, ...] = ()
     rows: tuple[tuple[str, ...], ...] = ()
+    header: bool = True
+    visible: str = ""
 
     @property
     def text(self) -> str:
@@ -159,6 +164,18 @@ def split_lines(text: str) -> list[str]:
     return _NEWLINE.split(text)
 
 
+def heading_text(content: str) -> str:
+    """A heading's text as written, without what exporters append to it: inline HTML tags (a
+    permalink ``<a class="headerlink">¶</a>``), the pilcrow they leave, an attribute list
+    ``{#anchor .class}``."""
+    text = _INLINE_TAG.sub("", content) if "<" in content else content
+    return _HEADING_TAIL.sub("", text).strip()
+
+
+_INLINE_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>")
+_HEADING_TAIL = re.compile(r"(?:\s*(?:¶|\{[#.][^{}]*\}))+\s*$")
+
+
 def is_blank(line: str) -> bool:
     """A blank line as Markdown sees it: nothing but spaces and tabs."""
     return not line.strip(" \t")
@@ -171,6 +188,21 @@ def item_text(line: str) -> str:
 
 def is_item_start(line: str) -> bool:
     return bool(_ITEM_MARKER.match(line))
+
+
+def front_matter_lines(text: str) -> int:
+    """How many lines the text's leading front matter spans (0 when it has none)."""
+    if not text.startswith("---"):
+        return 0
+    lines = split_lines(text)
+    opener = len(lines[0]) - len(lines[0].lstrip("-"))
+    closer = re.compile(rf"(?:\.\.\.| {{0,3}}-{{{opener},}})[ \t]*")
+    end = next((n for n in range(1, len(lines)) if closer.fullmatch(lines[n])), None)
+    if end is None:
+        return 0
+    # the parser decides (cheaply: on the lines up to the candidate closer only)
+    head = parse_blocks("\n".join(lines[:end + 1]))
+    return head[0].end if head and head[0].kind is BlockKind.front_matter else 0
 
 
 def parse_blocks(text: str) -> list[Block]:
@@ -208,7 +240,8 @@ def _block(kind: BlockKind, tok: Token, tokens: list[Token], n: int,
     body = tuple(lines[start:end])
     if kind is BlockKind.heading:
         inline = tokens[n + 1]
-        return Block(kind, start, end, body, level=int(tok.tag[1]), title=inline.content.strip())
+        return Block(kind, start, end, body, level=int(tok.tag[1]),
+                     title=heading_text(inline.content))
     if kind is BlockKind.fence:
         return Block(kind, start, end, body, info=tok.info.strip(),
                      closed=_fence_closed(tok, end - start))
@@ -227,6 +260,10 @@ def _block(kind: BlockKind, tok: Token, tokens: list[Token], n: int,
                 nested_kinds.append(_NESTED_VERBATIM[inner.type])
         return Block(kind, start, end, body, items=tuple(items), verbatim=tuple(nested),
                      verbatim_kinds=tuple(nested_kinds))
+    if kind is BlockKind.html:
+        reader = _HtmlReader(body)
+        return Block(kind, start, end, body, rows=tuple(reader.rows), header=reader.header,
+                     visible=reader.visible)
     if kind is BlockKind.table:
         rows: list[tuple[str, ...]] = []
         for inner in tokens[n + 1:_closing(tokens, n)]:
@@ -236,6 +273,61 @@ def _block(kind: BlockKind, tok: Token, tokens: list[Token], n: int,
                 rows[-1] = (*rows[-1], inner.content.strip())
         return Block(kind, start, end, body, rows=tuple(rows))
     return Block(kind, start, end, body)
+
+
+class _HtmlReader(HTMLParser):
+    """The visible text of an HTML block and the cells of the first table in it."""
+
+    def __init__(self, lines: tuple[str, ...]) -> None:
+        super().__init__(convert_charrefs=True)
+        self.text: list[str] = []
+        self.rows: list[tuple[str, ...]] = []
+        self.header = False
+        self._cell: list[str] | None = None
+        self._tables = 0  # depth; only the outermost table's cells are read
+        self._done = False
+        self.feed("\n".join(lines))
+        self.close()
+
+    @property
+    def visible(self) -> str:
+        return " ".join("".join(self.text).split())
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._tables += 1
+        elif self._tables == 1 and not self._done:
+            if tag == "tr":
+                self.rows.append(())
+            elif tag in {"td", "th"} and self.rows:
+                self._cell = []
+                self.header = self.header or (tag == "th" and len(self.rows) == 1)
+        if tag in {"br", "p", "div", "li", "tr", "td", "th"}:
+            self._space()
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "br":
+            self._space()
+
+    def _space(self) -> None:
+        self.text.append(" ")
+        if self._cell is not None:
+            self._cell.append(" ")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in {"td", "th"} and self._cell is not None and self.rows:
+            self.rows[-1] = (*self.rows[-1], " ".join("".join(self._cell).split()))
+            self._cell = None
+        elif tag == "table" and self._tables:
+            self._tables -= 1
+            self._done = self._done or (self._tables == 0 and bool(self.rows))
+        if tag in {"p", "div", "li", "td", "th"}:
+            self._space()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
 
 
 def _fence_closed(tok: Token, n_lines: int) -> bool:

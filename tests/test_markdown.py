@@ -102,3 +102,41 @@ def test_an_empty_code_block_makes_no_unit() -> None:
     assert StructuralBackend().restructure(request("```\n")).units == ()
     reply = StructuralBackend().restructure(request("# Titolo\n\n```sql\n```\n\nTesto.\n"))
     assert [u.data["supporting_excerpts"] for u in reply.units] == [["Testo."]]
+
+
+def test_a_table_is_cut_only_between_rows_even_without_outer_pipes() -> None:
+    from evidence_pipeline.publishing.fragments import AtomicTooLarge, build_fragments
+    from evidence_runtime.units import parse_unit
+
+    unit = parse_unit({
+        "schema_version": 1, "id": "evidence:codici", "title": "Codici", "kind": "domain",
+        "purposes": ["rewriting"], "language": "it",
+        "provenance": {"source_file": "source/nota.md", "source_sha256": "sha256:" + "0" * 64,
+                       "supporting_excerpts": ["I codici sono quelli della tabella."]},
+        "domain": {"rule": "I codici sono quelli della tabella."}, "review_items": []})
+    rows = [f"C{i:03d} | reparto numero {i}. Sede del presidio {i}" for i in range(150)]
+    body = "\n# Codici\n\ncodice | reparto\n--|--\n" + "\n".join(rows) + "\n"
+    fragments = build_fragments(unit, body, 1200)
+    assert len(fragments) > 2
+    text = "\n".join(f.text for f in fragments)
+    assert all(f"{row}\n" in text + "\n" for row in rows)  # never cut at a sentence or word
+    wide = body.replace(rows[7], rows[7] + " lungo" * 300)
+    with pytest.raises(AtomicTooLarge):
+        build_fragments(unit, wide, 1200)
+
+
+def test_front_matter_html_wrappers_and_html_tables_in_a_note() -> None:
+    note = ("---\ntitle: \"Esiti: dimissione\"\ntags: [sdo]\n---\n\n"
+            "<div class=\"macro\">\n\n<!-- bozza: non pubblicare -->\n\n"
+            "Codici di clinical.episode.discharge_status:\n\n"
+            "<table><tr><th>Codice</th><th>Esito</th></tr>"
+            "<tr><td>D</td><td>dimesso</td></tr><tr><td>T</td><td>trasferito</td></tr></table>\n"
+            "\n</div>\n")
+    normalized = normalize_text(note)
+    assert normalized.startswith("---\ntitle: \"Esiti: dimissione\"\ntags: [sdo]\n---\n")
+    reply = StructuralBackend().restructure(request(note))
+    [unit] = reply.units  # nothing from the front matter, the comment or the wrapper tags
+    assert unit.data["title"] == "Esiti: dimissione"
+    assert unit.data["enum"] == {"column": "clinical.episode.discharge_status",
+                                 "values": {"D": "dimesso", "T": "trasferito"}}
+    assert "bozza" not in unit.body and "tags:" not in unit.body

@@ -32,6 +32,8 @@ MARKDOWN_PIECES = [
     "# ", "## ", "#Titolo", " #", "* ", "- ", "+ ", "• ", "– ", "1) ", "2. ", "```", "```SQL",
     "~~~", "| a | b |", "|", "===", "---", "> ", "\n", "\n\n\n", "\r\n", "\r", "\t", "  ",
     "\u00a0", "\u2003", "\u3000", "\ufeff", "\u200b", "e\u0301", "é", "ß", "İ", "ﬁ", "Ω",
+    "![x](data:image/png;base64,iVBO)", "[y](data:text/csv,a)", "![z][img]", "[img]: data:a",
+    "<img src='data:image/gif;base64,R0'>", "---\ntitolo: x\n---\n",
 ]
 notes = st.lists(st.sampled_from(MARKDOWN_PIECES) | st.text(max_size=12), max_size=30).map(
     "".join)

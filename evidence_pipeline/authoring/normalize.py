@@ -1,7 +1,8 @@
 """Mechanical normalization of source text (spec §5.2), shared by prepare and the validator.
 
-Only mechanics: line endings, Unicode NFC, spacing, obvious headings, list bullets, table cell
-padding, code fences. Nothing is interpreted, nothing semantic is added. Excerpt matching
+Only mechanics: line endings, Unicode NFC, embedded binary data, spacing, obvious headings, list
+bullets, table cell padding, code fences; a leading front matter is kept as written. Nothing is
+interpreted, nothing semantic is added. Excerpt matching
 compares texts after this normalization with every whitespace run (line breaks included) seen
 as one space, so re-wrapped quotes match, while look-alike characters, zero-width characters or
 words run together do not.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
+
+from evidence_pipeline.markdown import front_matter_lines
 
 # Unicode space separators other than the plain space become a plain space; zero-width
 # characters are *not* removed (a quote containing them is a near-miss, not a match).
@@ -28,14 +32,65 @@ _SETEXT = re.compile(r"^(=+|-+)\s*$")
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 _WS = re.compile(r"\s+")
 
+# Embedded binary (spec §5.1): an image or a link whose target is a data: URI holds no text a
+# unit could use, can be megabytes long and must never reach the model. An image goes whole (its
+# alt text too), a link keeps its text, a reference definition goes with the images using it.
+_TITLE = r"""(?:\s+(?:"[^"\n]*"|'[^'\n]*'|\([^)\n]*\)))?"""
+_DATA_TARGET = rf"\(\s*(?:<\s*data:[^>\n]*>|data:[^)\s]*){_TITLE}\s*\)"
+_DATA_IMAGE = re.compile(rf"!\[[^\]\n]*\]{_DATA_TARGET}", re.IGNORECASE)
+_DATA_LINK = re.compile(rf"\[([^\]\n]*)\]{_DATA_TARGET}", re.IGNORECASE)
+_DATA_IMG_TAG = re.compile(
+    r"""<img\b[^>]*?\bsrc\s*=\s*(?:"\s*data:[^"]*"|'\s*data:[^']*'|data:[^\s>]*)[^>]*>""",
+    re.IGNORECASE)
+_DATA_DEFINITION = re.compile(
+    rf"^ {{0,3}}\[([^\]\n]+)\]:[ \t]*(?:<data:[^>\n]*>|data:\S*){_TITLE}[ \t]*$",
+    re.IGNORECASE | re.MULTILINE)
+_REF_IMAGE = re.compile(r"!\[([^\]\n]*)\](?:\[([^\]\n]*)\])?")
+
+
+def drop_embedded_data(text: str) -> tuple[str, int]:
+    """The text without images and links whose target is a ``data:`` URI, and how many went."""
+    dropped = 0
+    labels: set[str] = set()
+
+    def definition(m: re.Match[str]) -> str:
+        labels.add(_label(m.group(1)))
+        return ""
+
+    def use(m: re.Match[str]) -> str:
+        nonlocal dropped
+        if _label(m.group(2) or m.group(1)) not in labels:
+            return m.group(0)
+        dropped += 1
+        return ""
+
+    for _ in range(8):  # a removal can uncover another (an image inside a link's text)
+        before = dropped
+        text, n = _DATA_DEFINITION.subn(definition, text)
+        dropped += n
+        for pattern, repl in ((_DATA_IMAGE, ""), (_DATA_IMG_TAG, ""), (_DATA_LINK, r"\1")):
+            text, n = pattern.subn(repl, text)
+            dropped += n
+        if labels:
+            text = _REF_IMAGE.sub(use, text)
+        if dropped == before:
+            break
+    return text, dropped
+
+
+def _label(label: str) -> str:
+    return " ".join(label.split()).casefold()
+
 
 def normalize_text(text: str) -> str:
     """Normalize a source note mechanically; idempotent, ends with exactly one newline."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = unicodedata.normalize("NFC", text).removeprefix("\ufeff")
+    text = drop_embedded_data(text)[0]
     lines = text.split("\n")
     out: list[str] = []
-    n = 0
+    n = front_matter_lines(text)
+    out.extend(_SPACES.sub(" ", line).rstrip() for line in lines[:n])
     while n < len(lines):
         line = _SPACES.sub(" ", lines[n]).rstrip()
         fence = _FENCE.match(line)
@@ -116,13 +171,19 @@ def canonical(text: str) -> str:
     return _WS.sub(" ", normalize_text(text)).strip()
 
 
+@lru_cache(maxsize=4)
+def _single_spaced(text: str) -> str:
+    # one source is checked against many excerpts in a row: spaced once, not once per excerpt
+    return _WS.sub(" ", text)
+
+
 def excerpt_in_source(excerpt: str, normalized_source: str) -> bool:
     """Is the excerpt found verbatim in the (already normalized) source text?
 
     The excerpt is compared in :func:`canonical` form, and also with only the character-level
     rules applied (an excerpt may start mid-line, where line-start rules do not apply).
     """
-    haystack = _WS.sub(" ", normalized_source)
+    haystack = _single_spaced(normalized_source)
     light = unicodedata.normalize("NFC", _SPACES.sub(" ", excerpt))
     for candidate in (canonical(excerpt), _WS.sub(" ", light).strip()):
         if candidate and candidate in haystack:

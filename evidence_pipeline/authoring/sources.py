@@ -13,14 +13,19 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 from evidence_pipeline.authoring.manifest import Manifest
-from evidence_pipeline.authoring.normalize import normalize_text
+from evidence_pipeline.authoring.normalize import drop_embedded_data, normalize_text
 from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 
 ALLOWED_SUFFIXES = (".sql.md", ".md", ".txt")
-MAX_SOURCE_BYTES = 512 * 1024
-MAX_LINE_CHARS = 20_000
+# Guards against hostile size only, set where no real note reaches: the file, with its images
+# embedded as base64 (a wiki or notebook export), and the text left once they are dropped (some
+# 500 pages). Lines have no limit of their own: base64, minified JSON and one-line SQL are what
+# real notes hold.
+MAX_SOURCE_BYTES = 8 * 1024 * 1024
+MAX_TEXT_CHARS = 1_000_000
+MAX_LINE_CHARS = MAX_SOURCE_BYTES  # no separate line limit (a line is at most the whole file)
 
 
 class SourceError(EvidenceError):
@@ -39,12 +44,14 @@ class Change(StrEnum):
 
 @dataclass(frozen=True)
 class Source:
-    """One source note taken in: path relative to evidence/, hash, normalized text."""
+    """One source note taken in: path relative to evidence/, hash, normalized text, and info
+    lines about what the deterministic extraction left out (never an error)."""
 
     path: str
     sha256: str
     text: str
     normalized: str
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,16 +110,28 @@ def read_source(evidence_dir: Path, rel: str) -> Source:
     if size > MAX_SOURCE_BYTES:
         raise SourceError(f"file is {size} bytes, larger than the {MAX_SOURCE_BYTES} byte limit",
                           path=rel, code="source_too_large")
-    raw = file.read_bytes()
+    return take_in(file.read_bytes(), rel)
+
+
+def take_in(raw: bytes, rel: str) -> Source:
+    """The intake rules for the bytes of a source at ``rel``: size, strict UTF-8, hash,
+    extraction and normalization; :class:`SourceError` naming ``rel`` when refused."""
+    if len(raw) > MAX_SOURCE_BYTES:
+        raise SourceError(f"file is {len(raw)} bytes, larger than the {MAX_SOURCE_BYTES} byte "
+                          "limit", path=rel, code="source_too_large")
     try:
         text = decode_text(raw, path=rel)
     except UnitFormatError as exc:
         raise SourceError(exc.message, path=rel, code="source_encoding_invalid") from None
-    longest = max((len(line) for line in text.splitlines()), default=0)
-    if longest > MAX_LINE_CHARS:
-        raise SourceError(f"a line has {longest} characters (limit {MAX_LINE_CHARS})", path=rel,
+    kept, dropped = drop_embedded_data(text)
+    if len(kept) > MAX_TEXT_CHARS:
+        raise SourceError(f"the note has {len(kept)} characters besides embedded images, more "
+                          f"than the {MAX_TEXT_CHARS} character limit", path=rel,
                           code="source_too_large")
-    return Source(path=rel, sha256=sha256_bytes(raw), text=text, normalized=normalize_text(text))
+    notes = (f"{dropped} embedded data: image(s) or link(s) dropped: never sent to the model, "
+             "never in a unit",) if dropped else ()
+    return Source(path=rel, sha256=sha256_bytes(raw), text=text, normalized=normalize_text(text),
+                  notes=notes)
 
 
 def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:

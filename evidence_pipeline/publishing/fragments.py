@@ -42,12 +42,14 @@ KIND_LABELS = {
 @dataclass(frozen=True)
 class Piece:
     """One element; atomic ones are never split. ``field`` says where it comes from; a
-    heading is kept with the piece that follows it."""
+    heading is kept with the piece that follows it; a table (``rows``) is cut only between
+    rows."""
 
     text: str
     field: str
     atomic: bool = True
     heading: bool = False
+    rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,39 +136,38 @@ def body_pieces(body: str, title: str) -> list[Piece]:
 
     The leading ``# <title>`` heading that curated files carry is dropped (the header has it).
     """
-    found: list[tuple[str, bool, bool]] = []  # (text, atomic, heading)
+    found: list[tuple[str, bool, bool, bool]] = []  # (text, atomic, heading, rows)
     for block in markdown.parse_blocks(body):
         if block.kind is BlockKind.heading:
-            found.append(("\n".join(line.strip() for line in block.lines), False, True))
+            found.append(("\n".join(line.strip() for line in block.lines), False, True, False))
             continue
         for part in block.parts():
             text = part.text.strip()
             if text:
-                found.append((text, part.code, False))
+                found.append((text, part.code, False, block.kind is BlockKind.table))
     if found and found[0][0].lstrip("# ").strip() == title.strip():
         found = found[1:]
     return [Piece(text, f"body[{i}]", atomic=atomic or bool(re.fullmatch(r"\S+", text)),
-                  heading=heading) for i, (text, atomic, heading) in enumerate(found)]
+                  heading=heading, rows=rows)
+            for i, (text, atomic, heading, rows) in enumerate(found)]
 
 
-_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 # line, sentence, word boundaries; the separator is captured so that it is kept as written
 _SOFT_BREAKS = (r"(\n)", r"(?<=[.!?;:])(\s+)", r"(\s+)")
 
 
-def _split_soft(text: str, limit: int) -> list[str]:
+def _split_soft(text: str, limit: int, *, rows: bool = False) -> list[str]:
     """Split a non-atomic paragraph at line, then sentence, then word boundaries.
 
-    Pieces keep their original separators (a list stays a list), and a Markdown table row — a
-    value/meaning pair — is never cut: a paragraph holding one longer than ``limit`` is
-    returned whole for the caller to refuse.
+    Pieces keep their original separators (a list stays a list). A table (``rows``) is cut
+    only between rows, each row a value/meaning pair that is never cut: a table holding a row
+    longer than ``limit`` is returned whole for the caller to refuse.
     """
     if len(text) <= limit:
         return [text]
-    lines = text.split("\n")
-    if any(_TABLE_ROW.match(line) and len(line) > limit for line in lines):
+    if rows and any(len(line) > limit for line in text.split("\n")):
         return [text]
-    for pattern in _SOFT_BREAKS:
+    for pattern in _SOFT_BREAKS[:1] if rows else _SOFT_BREAKS:
         tokens = re.split(pattern, text)  # part, separator, part, separator, ...
         if len(tokens) < 3:
             continue
@@ -201,7 +202,7 @@ def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fra
             continue
         if piece.atomic:
             raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
-        soft = _split_soft(piece.text, budget)
+        soft = _split_soft(piece.text, budget, rows=piece.rows)
         if any(len(s) > budget for s in soft):
             raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
         texts.extend(soft)
@@ -228,7 +229,7 @@ def _with_headings(pieces: list[Piece], budget: int) -> list[Piece]:
             nxt = out[-1]
             joined = f"{piece.text}\n\n{nxt.text}"
             if not nxt.atomic or len(joined) <= budget:
-                out[-1] = Piece(joined, nxt.field, atomic=nxt.atomic)
+                out[-1] = Piece(joined, nxt.field, atomic=nxt.atomic, rows=nxt.rows)
                 continue
         out.append(piece)
     out.reverse()

@@ -117,12 +117,23 @@ def check_example_sql(sql: str) -> tuple[str, str] | None:
 
 
 _BODY_BAD_SCHEME = re.compile(r"(?i)(?<![A-Za-z0-9+.-])(javascript|vbscript|data|file):")
+# what must follow the scheme for it to be a URL: "activity data: some_dataset.some_table" or
+# "Data:15/03/2024," in prose is a word and a colon, not a link
+_BAD_URL_REST = {
+    "javascript": re.compile(r"\S"),
+    "vbscript": re.compile(r"\S"),
+    "data": re.compile(r"(?i)(?:[a-z]+/[a-z0-9.+-]+)?(?:;[a-z0-9.+-]+=[^;,\s]+)*(?:;base64)?,"),
+    "file": re.compile(r"/"),
+}
 
 
 def body_url_problems(body: str) -> str | None:
     """A link with a scheme that must never be followed (javascript:, data:, file:, …)."""
-    found = _BODY_BAD_SCHEME.search(body)
-    return f"the text links to a {found.group(1).lower()}: URL" if found else None
+    for found in _BODY_BAD_SCHEME.finditer(body):
+        scheme = found.group(1).lower()
+        if _BAD_URL_REST[scheme].match(body, found.end()):
+            return f"the text links to a {scheme}: URL"
+    return None
 
 
 def check_url(url: str) -> str | None:

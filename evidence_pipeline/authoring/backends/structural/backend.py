@@ -10,8 +10,8 @@ from evidence_pipeline.authoring.backends.structural.anchors import (
     sql_draft,
     table_or_lines_draft,
 )
-from evidence_pipeline.authoring.backends.structural.blocks import parse_sections
-from evidence_pipeline.authoring.backends.structural.draft import Draft
+from evidence_pipeline.authoring.backends.structural.blocks import parse_sections, set_aside
+from evidence_pipeline.authoring.backends.structural.draft import LEFT_OUT, Draft
 from evidence_pipeline.authoring.backends.structural.excerpts import block_texts, excerpts
 from evidence_pipeline.authoring.backends.structural.previous import match_previous
 from evidence_pipeline.authoring.backends.structural.prose import prose_draft
@@ -29,7 +29,7 @@ class StructuralBackend:
         text = request.normalized_text
         refs = Refs(text)
         drafts: list[Draft] = []
-        for section in parse_sections(text):
+        for section in set_aside(parse_sections(text), request.max_chunk_chars):
             for piece in split_section(section, refs):
                 if block_texts(piece):  # blocks of blank lines or empty code say nothing
                     drafts.append(classify(piece, refs, request))
@@ -54,6 +54,12 @@ def classify(piece: Piece, refs: Refs, request: ModelRequest) -> Draft:
     else:
         draft = prose_draft(piece, refs)
     flag_ambiguity(piece, draft)
+    for block in piece.blocks:
+        if block.aside:
+            start = block.text.strip()[:60]
+            draft.flag(LEFT_OUT, f"A block of {len(block.text)} characters (“{start}…”) is too "
+                       f"large for any unit (max_chunk_chars {request.max_chunk_chars}) or cannot "
+                       "be cut: it is left out of this unit and stays in the source.", "body")
     draft.excerpts = excerpts(piece, request.normalized_text)
     draft.texts = block_texts(piece)
     return draft

@@ -43,6 +43,7 @@ UNCERTAIN = "structural_classification_uncertain"
 AMBIGUOUS = "ambiguous_source_statement"
 FIELD_UNCERTAIN = "structural_field_uncertain"
 TOO_LARGE = "atomic_content_too_large"
+LEFT_OUT = "structural_block_left_out"
 
 
 @dataclass
@@ -96,7 +97,16 @@ def title_of(piece: Piece, key: str | None = None) -> str:
         return unemph(piece.heading)
     if key:
         return key
-    return first_words(piece_text(piece))
+    return first_words(piece_text(piece)) or _preview(piece)
+
+
+def _preview(piece: Piece, size: int = 80) -> str:
+    """The first characters of a block set aside (a piece with nothing else to show)."""
+    text = next((b.text.strip() for b in piece.blocks if b.aside and b.text.strip()), "")
+    if len(text) <= size:
+        return text
+    cut = text.rfind(" ", 0, size)
+    return text[:cut if cut > size // 2 else size].rstrip()
 
 
 def body(piece: Piece) -> str:
@@ -107,14 +117,14 @@ def body(piece: Piece) -> str:
     if piece.item_raw:
         parts.append("\n".join(piece.item_raw))
     else:
-        parts.extend("\n".join(b.raw) for b in piece.blocks)
+        parts.extend("\n".join(b.raw) for b in piece.blocks if not b.aside)
     return "\n\n".join(parts)
 
 
 def piece_text(piece: Piece) -> str:
     if piece.item is not None:
         return piece.item
-    return "\n".join(b.text for b in piece.blocks)
+    return "\n".join(b.text for b in piece.blocks if not b.aside)
 
 
 def prose_text(piece: Piece) -> str:

@@ -11,6 +11,10 @@ def block_texts(piece: Piece) -> list[str]:
     """The text of every block (or the one item) of the piece."""
     if piece.item is not None:
         return [piece.item]
+    return [t for t in _texts(piece) if t.strip()]
+
+
+def _texts(piece: Piece) -> list[str]:
     texts: list[str] = []
     for block in piece.blocks:
         if block.type == "code":
@@ -19,17 +23,19 @@ def block_texts(piece: Piece) -> list[str]:
             texts.append(block.text)
         else:
             texts.append(block.flat)
-    return [t for t in texts if t.strip()]
+    return texts
 
 
 def excerpts(piece: Piece, source: str) -> list[str]:
-    """Verbatim slices of the normalized text: the piece's blocks, cut at MAX_EXCERPT_CHARS."""
+    """Verbatim slices of the normalized text: the piece's blocks, cut at MAX_EXCERPT_CHARS
+    (of a block set aside, only its beginning)."""
     texts = block_texts(piece)
+    aside = {t for b, t in zip(piece.blocks, _texts(piece), strict=True) if b.aside}
     out: list[str] = []
     for text in texts:
         if len(texts) > 1 and text.endswith(":") and len(text.split()) <= 2:
             continue  # a bare label such as "Condizioni:" proves nothing
-        for chunk in _chunks(text):
+        for chunk in _chunks(text)[:1] if text in aside else _chunks(text):
             if excerpt_in_source(chunk, source) and chunk not in out:
                 out.append(chunk)
     if not out:  # cannot happen for slices of the text; kept as a last resort

@@ -127,7 +127,8 @@ def domain_draft(piece: Piece, refs: Refs) -> Draft:
             n += 2
             continue
         n += 1
-    rule = explicit_rule or (paragraphs[0] if paragraphs else "") or piece_text(piece).strip()
+    rule = explicit_rule or (paragraphs[0] if paragraphs else "") or \
+        piece_text(piece).strip() or title_of(piece)
     return new_draft(K.domain, piece, title_of(piece), {
         "rule": rule, "conditions": conditions, "exceptions": exceptions}, refs)
 

@@ -41,7 +41,8 @@ class Piece:
 
     @property
     def prose(self) -> list[Block]:
-        return [b for b in self.blocks if b.type in {"para", "list"} and b is not self.anchor]
+        return [b for b in self.blocks
+                if b.type in {"para", "list"} and b is not self.anchor and not b.aside]
 
 
 def split_section(section: Section, refs: Refs) -> list[Piece]:
@@ -95,6 +96,8 @@ def split_section(section: Section, refs: Refs) -> list[Piece]:
 
 
 def _block_role(block: Block, before: Block | None, heading: str | None, refs: Refs) -> str:
+    if block.aside:
+        return "prose"
     if block.type == "code":
         return "sql" if block.lang.lower() in SQL_LANGS else "prose"
     if block.type == "table":
@@ -116,9 +119,11 @@ def _block_role(block: Block, before: Block | None, heading: str | None, refs: R
 
 
 def table_rows(block: Block) -> tuple[list[str], list[list[str]]]:
-    """(header cells, data rows) of a Markdown table."""
+    """(header cells, data rows) of a Markdown or HTML table."""
     if not block.cells:
         return [], []
+    if not block.header:
+        return [], [list(row) for row in block.cells]
     return list(block.cells[0]), [list(row) for row in block.cells[1:]]
 
 
