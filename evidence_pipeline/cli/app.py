@@ -28,6 +28,11 @@ from evidence_pipeline.cli.common import (
     workspace_root,
 )
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
+from evidence_pipeline.cli.shared_records import (
+    print_comparison,
+    shared_records_after,
+    shared_records_cmd,
+)
 from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
 if TYPE_CHECKING:
@@ -295,19 +300,24 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
         # --- end Dagster ----------------------------------------------------------------------
         result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"))
     except GateFailed as exc:
+        shared = shared_records_after(workspace_root)  # spec §16, while a snapshot is saved
         if as_json:
             emit_json({"generation": exc.report.generation, "activated": False,
-                       "evaluation": exc.report.summary.model_dump(mode="json")})
+                       "evaluation": exc.report.summary.model_dump(mode="json"),
+                       **({"shared_records": shared} if shared else {})})
         else:
             print_evaluation(exc.report)
+            if shared:
+                print_comparison(shared)
         fail(str(exc), EXIT_PROBLEMS)
         return
     except PublishError as exc:
         refuse(str(exc), exc.problems, {"generation": None, "activated": False,
                                         "evaluation": None}, as_json=as_json)
         return
+    shared = shared_records_after(workspace_root)  # spec §16, while a snapshot is saved
     if as_json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **({"shared_records": shared} if shared else {})})
         return
     assert result.evaluation is not None  # activated: its gate passed
     ev = result.evaluation.summary
@@ -316,6 +326,8 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
                  f"{result.counts['fragments']} fragments "
                  f"({result.counts['fragments_embedded']} embedded); gate passed, "
                  f"hit@5 {ev.hit_at_5}/{ev.queries}, hit@10 {ev.hit_at_10}/{ev.queries}")
+    if shared:
+        print_comparison(shared)
 
 
 def print_evaluation(report: EvaluationReport) -> None:
@@ -474,6 +486,7 @@ def demo_init(dest: Path, force: bool) -> None:
 
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)
+workspace.add_command(shared_records_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover
