@@ -235,7 +235,7 @@ def materialize_revision(
     return dest
 
 
-def _subtree(tree: git.Tree, sub: str, sha: str, root: Path) -> git.Blob | git.Tree:
+def _subtree(tree: git.Tree, sub: str, sha: str, root: Path) -> git.Blob | git.Tree | git.Submodule:
     try:
         return tree / sub
     except KeyError:
