@@ -80,6 +80,11 @@ def test_real_world_notes_prepare_validate_and_publish(tmp_path: Path) -> None:
     assert doc["status"] == "applied" and doc["model_calls"] == len(NOTES)
     assert all(s["units"] for s in doc["sources"]), [s["path"] for s in doc["sources"]
                                                       if not s["units"]]
+    # an info line for each note whose embedded images were dropped
+    notes = {s["path"]: s["notes"] for s in doc["sources"] if s["notes"]}
+    assert sorted(notes) == [f"source/{n.name}" for n in NOTES if drop_embedded_data(
+        n.read_text(encoding="utf-8"))[1]]
+    assert all("never sent to the model" in n for lines in notes.values() for n in lines)
     files = curated(ws)
     texts = {eid: p.read_text(encoding="utf-8") for eid, p in files.items()}
 

@@ -62,6 +62,8 @@ class SourceReport(BaseModel):
     renamed_from: str | None = None
     # previous ids that code gave back to new units the model did not link (id -> criterion)
     ids_kept_by_code: dict[str, str] = Field(default_factory=dict)
+    # info lines of the deterministic extraction (embedded data: images dropped, …)
+    notes: list[str] = Field(default_factory=list)
 
     @field_serializer("model_seconds", when_used="json")
     def _rounded(self, seconds: float | None) -> float | None:
@@ -279,7 +281,8 @@ class BatchPlanner:
         self.manifest.sources[src.path] = SourceEntry(sha256=src.sha256, units=sorted(unit_ids))
         self._report(SourceReport(path=src.path, change=change.change, units=sorted(unit_ids),
                                   model_seconds=elapsed,
-                                  ids_kept_by_code=dict(relinked.values())))
+                                  ids_kept_by_code=dict(relinked.values()),
+                                  notes=list(src.notes)))
         return problems
 
     # --- whole batch ---------------------------------------------------------------------

@@ -141,8 +141,9 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
         renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
         kept = "".join(f"\n          [dim]{escape(eid)} kept by code: same {by}[/]"
                        for eid, by in report.ids_kept_by_code.items())
+        info = "".join(f"\n          [dim]info: {escape(note)}[/]" for note in report.notes)
         out.print(f"[{c}]{report.change.value:9}[/] {escape(report.path)}{renamed}  "
-                  f"{len(report.units)} unit(s){timing}{kept}")
+                  f"{len(report.units)} unit(s){timing}{kept}{info}")
 
     try:
         # --- Dagster: with DAGSTER_HOME set, the same stages run as the job `prepare` -------
