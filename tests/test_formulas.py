@@ -34,6 +34,7 @@ from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_pipeline.validation.problems import Severity, Status
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
+from tests.helpers import commit
 
 ETA = """# Età al ricovero
 
@@ -95,11 +96,6 @@ def make_store(tmp_path: Path, entries: dict[str, str | bytes], name: str = "leg
         data = content.encode("utf-8") if isinstance(content, str) else content
         (store / "formulas" / file_name).write_bytes(data)
     return store
-
-
-def commit(ws: Path, message: str) -> None:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "--allow-empty", "-m", message)
 
 
 def status(ws: Path) -> str:

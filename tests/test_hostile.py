@@ -54,6 +54,7 @@ from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.helpers import Outcome, fault_outcomes
+from tests.helpers import commit as commit_change
 
 # the Pi CLI's stand-in (the model boundary of the pi backend)
 FAKE_PI = Path(__file__).parent / "fakes" / "fake_pi.py"
@@ -196,9 +197,8 @@ def raw_reply(*units: dict[str, Any], retire: list[dict[str, Any]] | None = None
 # ---------------------------------------------------------------------------------------------
 
 
-def commit(ws: Path, message: str = "hostile input") -> None:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "--allow-empty", "-m", message)
+# the commit after a refused hostile input may have nothing in it
+commit = functools.partial(commit_change, allow_empty=True)
 
 
 def git_status(ws: Path) -> str:

@@ -38,6 +38,7 @@ from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
+from tests.helpers import commit
 
 PAZIENTE = """# Paziente
 
@@ -108,11 +109,6 @@ def make_ws(tmp_path: Path, files: dict[str, str]) -> Path:
     git(ws, "init", "-q")
     commit(ws, "sources")
     return ws
-
-
-def commit(ws: Path, message: str) -> None:
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "--allow-empty", "-m", message)
 
 
 def status(ws: Path) -> str:
