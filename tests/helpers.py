@@ -160,6 +160,12 @@ class FaultSummary:
 
 
 SUMMARIES: list[FaultSummary] = []
+FIGURES: list[str] = []  # one-line figures a test measured, printed after the run
+
+
+def print_at_end(line: str) -> None:
+    """Show ``line`` in the terminal summary (``conftest.py``), whatever the test order."""
+    FIGURES.append(line)
 
 
 def fault_outcomes(title: str) -> list[Outcome]:

@@ -1,6 +1,6 @@
 """The credential rules against a corpus (issue 14, item 5): every positive line is found, no
 look-alike is. The corpus is ``tests/fixtures/credentials/{positive,negative}.txt``, one case a
-line; the last test prints the figures."""
+line; the figures are printed at the end of the run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from evidence_pipeline.validation.credentials import credential_problems, find_credentials
+from tests.helpers import print_at_end
 
 CORPUS = Path(__file__).parent / "fixtures" / "credentials"
 
@@ -46,11 +47,10 @@ def test_found_inside_a_longer_text_and_named_without_the_secret() -> None:
     assert ".pgpass line" in p.message and "S3gret0" not in p.message
 
 
-def test_zz_credential_figures(capsys: pytest.CaptureFixture[str]) -> None:
+def test_credential_figures() -> None:
     missed = [line for line in POSITIVE if not find_credentials(line)]
     false_positives = [line for line in NEGATIVE if find_credentials(line)]
-    with capsys.disabled():
-        print(f"\ncredential corpus: {len(POSITIVE)} positive, "
-              f"{len(POSITIVE) - len(missed)} found, {len(missed)} missed; "
-              f"{len(NEGATIVE)} look-alike, {len(false_positives)} false positive(s)")
+    print_at_end(f"credential corpus: {len(POSITIVE)} positive, "
+                 f"{len(POSITIVE) - len(missed)} found, {len(missed)} missed; "
+                 f"{len(NEGATIVE)} look-alike, {len(false_positives)} false positive(s)")
     assert missed == [] and false_positives == []
