@@ -24,6 +24,7 @@ __all__ = [
     "GitError",
     "changed_files",
     "dirty_paths",
+    "ignored_paths",
     "materialize_revision",
     "open_repo",
     "require_clean",
@@ -121,6 +122,15 @@ def dirty_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
                 paths.add(entries[i])
             i += 1
     return sorted(paths)
+
+
+def ignored_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
+    """Repo-relative paths of the files Git ignores under ``under`` (the whole tree when
+    empty), sorted: files no commit will ever hold."""
+    with open_repo(root) as repo:
+        out = _run_git(root, "list ignored files", repo, "ls-files", "-z", "--others",
+                       "--ignored", "--exclude-standard", "--", *_pathspecs(under))
+    return sorted(p for p in out.split("\0") if p)
 
 
 def require_clean(root: Path, under: Sequence[str] = (), *, what: str) -> None:

@@ -2,8 +2,14 @@
 
 A hand-edited unit that publishing would refuse is reported by ``tht evidence validate`` with
 the same code, path, unit and field, and ``tht workspace preprocess evidence`` then refuses it
-naming that finding. Refusals that need Git (symlinks, content outside a commit) are in
-``test_trust_git.py``.
+naming that finding (or, where the work tree and the commit differ, validate reports the cause
+first). Symbolic links and content outside a commit are in ``test_trust_git.py``.
+
+Other publish-time refusals, and where validate stands on them: ``evaluation_malformed`` and a
+gate that cannot pass because an expected id has no unit (issue 15 item 4, evaluation.yaml in
+validate). A work tree whose bytes differ from the blobs (core.autocrlf, smudge filters) errs the
+other way: validate refuses source hashes that publish, reading the blobs, accepts. Index faults
+(schema, locks) are not about the corpus.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from evidence_pipeline.demo import git
 from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE
 from tests.helpers import cli, commit, edit
 
@@ -69,3 +76,21 @@ def test_the_workspace_limit_is_the_one_validate_applies(demo_ws: Path) -> None:
     assert too_large and all("(max_chunk_chars 400)" in p["message"]
                              for p in validated["problems"] if p["code"] == ATOMIC_TOO_LARGE)
     assert exit_code == 1 and findings(published["problems"]) <= findings(validated["problems"])
+
+
+def test_a_file_git_ignores_is_reported_by_validate_before_publish(demo_ws: Path) -> None:
+    """The work tree has it, so the rules pass; the commit does not, so publishing would refuse
+    (the manifest lists a unit no committed file has)."""
+    rel = "evidence/curated/domain/fascia-pediatrica.md"
+    git(demo_ws, "rm", "-q", "--cached", rel)
+    with (demo_ws / ".gitignore").open("a", encoding="utf-8") as out:
+        out.write(f"{rel}\n")
+    commit(demo_ws, "A unit ignored by Git")
+
+    validated, published, exit_code = validate_then_publish(demo_ws)
+
+    assert validated["status"] == "invalid" and validated["exit"] == 1
+    assert findings(validated["problems"]) == {("ignored_by_git", rel, None, None)}
+    assert exit_code == 1 and findings(published["problems"]) == {
+        ("manifest_unit_unknown", "evidence/manifest.yaml", "evidence:fascia-pediatrica",
+         "sources")}

@@ -19,6 +19,8 @@ from evidence_pipeline.authoring.manifest import (
     ManifestError,
     read_manifest,
 )
+from evidence_pipeline.gitrepo import GitError, ignored_paths
+from evidence_pipeline.publishing.evalset import EVALUATION_NAME
 from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
 from evidence_pipeline.validation.corpus import (
     LoadedUnit,
@@ -162,12 +164,38 @@ def oversized_problems(loaded: Iterable[LoadedUnit], max_chunk_chars: int, *,
 def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
                     ) -> tuple[ValidationReport, list[LoadedUnit]]:
     """The corpus of ``ws`` checked as publishing checks it: every rule, and fragments within
-    the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default, or a
-    materialized revision's."""
-    return validate_evidence_dir(evidence_dir or ws.evidence_dir,
-                                 patterns=ws.config.evidence.patterns,
-                                 shown_prefix=f"{ws.config.evidence.root}/",
-                                 max_chunk_chars=ws.config.embeddings.max_chunk_chars)
+    the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default (where
+    a file Git ignores is reported too: no commit will hold it), or a materialized revision's."""
+    report, loaded = validate_evidence_dir(evidence_dir or ws.evidence_dir,
+                                           patterns=ws.config.evidence.patterns,
+                                           shown_prefix=f"{ws.config.evidence.root}/",
+                                           max_chunk_chars=ws.config.embeddings.max_chunk_chars)
+    if evidence_dir is None:
+        ignored = ignored_problems(ws, [item.rel_path for item in loaded])
+        if ignored:
+            report = ValidationReport(units=report.units, problems=[*report.problems, *ignored])
+    return report, loaded
+
+
+def ignored_problems(ws: Workspace, curated: Iterable[str]) -> list[Problem]:
+    """``ignored_by_git`` for each curated file, source, manifest or evaluation set of the work
+    tree that Git ignores: it validates here, but no commit holds it, so publication (which
+    reads the commit) would not find it. Nothing when the workspace is not a Git work tree."""
+    prefix = f"{ws.config.evidence.root}/"
+    try:
+        ignored = ignored_paths(ws.root, [prefix])
+    except GitError:
+        return []
+    read = {*curated, MANIFEST_NAME, EVALUATION_NAME}
+    out = []
+    for path in ignored:
+        rel = path.removeprefix(prefix)
+        if rel in read or (rel.startswith("source/")
+                           and not any(part.startswith(".") for part in rel.split("/"))):
+            out.append(Problem("ignored_by_git", Severity.error, _printable(path), None,
+                               "Git ignores this file: no commit will hold it, so the published "
+                               "revision will not have it; change .gitignore or move the file"))
+    return out
 
 
 def validate_workspace(root: Path) -> ValidationReport:
