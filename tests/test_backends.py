@@ -629,11 +629,51 @@ def test_structural_recognizes_each_kind_in_order() -> None:
                                 "label": "Linea guida triage",
                                 "description": "Documento nazionale sui codici di priorità."}
     assert review_codes(reply) == [[]] * 8
+    # the purpose policy (docs/purposes.md): from what the unit says, not its kind alone
     purposes = {u.data["kind"]: u.data["purposes"] for u in reply.units}
-    assert purposes["glossary"] == ["disambiguation", "rewriting"]
-    assert purposes["formula"] == ["schema_linking", "sql_generation"]
-    assert purposes["mapping"] == ["schema_linking"]
+    every = ["disambiguation", "rewriting", "schema_linking", "sql_generation"]
+    assert purposes["formula"] == every
+    assert purposes["enum"] == every
+    assert purposes["mapping"] == every
+    assert purposes["normalization"] == ["disambiguation", "rewriting", "sql_generation"]
+    assert purposes["glossary"] == ["disambiguation", "rewriting", "sql_generation"]
+    assert purposes["domain"] == ["disambiguation", "rewriting", "sql_generation"]
+    assert purposes["example"] == every  # its SQL names clinical.episode
+    assert purposes["reference"] == ["disambiguation", "rewriting"]
     assert_verbatim(reply, request(EIGHT_KINDS, source_file="source/note.md", previous=()))
+
+
+def test_structural_purposes_follow_what_the_unit_says() -> None:
+    """The same kinds get schema_linking (and a reference sql_generation) once they name a
+    table or a column: the purpose policy reads the unit, not only its kind."""
+    reply = structural(
+        "# Ricovero\n\nIl ricovero è la permanenza registrata in clinical.episode. "
+        "Sinonimi: degenza.\n\n"
+        "# Episodi aperti\n\nGli episodi con clinical.episode.discharge_date vuota vanno "
+        "esclusi dagli indicatori di durata.\n\n"
+        "# Tracciato SDO\n\n- [Tracciato SDO](https://example.org/sdo): descrive "
+        "clinical.episode.\n")
+    got = {u.data["kind"]: u.data["purposes"] for u in reply.units}
+    every = ["disambiguation", "rewriting", "schema_linking", "sql_generation"]
+    assert got == {"glossary": every, "domain": every, "reference": every}
+
+
+@pytest.mark.parametrize(("kind", "names", "expected"), [
+    ("reference", False, ("disambiguation", "rewriting")),
+    ("glossary", False, ("disambiguation", "rewriting", "sql_generation")),
+    ("mapping", True, ("disambiguation", "rewriting", "schema_linking", "sql_generation")),
+])
+def test_purpose_policy(kind: str, names: bool, expected: tuple[str, ...]) -> None:
+    from evidence_pipeline.authoring.backends.structural.purposes import (
+        names_schema,
+        policy_purposes,
+    )
+
+    assert tuple(p.value for p in policy_purposes(EvidenceKind(kind),
+                                                  names_schema=names)) == expected
+    assert names_schema([], [], {"column": "clinical.episode.x"})
+    assert names_schema([], [], {"sql": "SELECT 1 FROM clinical.episode"})
+    assert not names_schema([], [], {"term": "ricovero", "definition": "..."})
 
 
 def test_structural_is_deterministic() -> None:

@@ -10,22 +10,9 @@ from evidence_pipeline.authoring.backends.structural.refs import Refs
 from evidence_pipeline.authoring.backends.structural.roles import Piece
 from evidence_pipeline.authoring.backends.structural.text import first_words, unemph
 from evidence_pipeline.authoring.normalize import canonical
-from evidence_runtime.units import EvidenceKind, EvidencePurpose
+from evidence_runtime.units import EvidenceKind
 
 K = EvidenceKind
-P = EvidencePurpose
-
-# Fixed purposes per kind, in the order of EvidencePurpose.
-PURPOSES: dict[EvidenceKind, tuple[EvidencePurpose, ...]] = {
-    K.formula: (P.schema_linking, P.sql_generation),
-    K.enum: (P.schema_linking, P.sql_generation),
-    K.mapping: (P.schema_linking,),
-    K.normalization: (P.rewriting, P.sql_generation),
-    K.glossary: (P.disambiguation, P.rewriting),
-    K.domain: (P.rewriting, P.sql_generation),
-    K.example: (P.rewriting, P.sql_generation),
-    K.reference: (P.disambiguation,),
-}
 
 # The block field that identifies "the same unit" of a kind.
 KEY_FIELD: dict[EvidenceKind, str] = {

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from evidence_pipeline.authoring.backends.base import ModelRequest
-from evidence_pipeline.authoring.backends.structural.draft import PURPOSES, Draft, K, key
+from evidence_pipeline.authoring.backends.structural.draft import Draft, K, key
+from evidence_pipeline.authoring.backends.structural.purposes import names_schema, policy_purposes
 from evidence_pipeline.authoring.backends.structural.text import add
 from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source
 
@@ -165,7 +166,8 @@ def unit_dict(draft: Draft, uid: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "title": draft.title,
         "kind": draft.kind.value,
-        "purposes": [p.value for p in PURPOSES[draft.kind]],
+        "purposes": [p.value for p in policy_purposes(
+            draft.kind, names_schema=names_schema(draft.tables, draft.columns, block))],
         "applies_to": {"concepts": concepts, "tables": list(draft.tables),
                        "columns": list(draft.columns)},
         draft.kind.value: block,
