@@ -449,6 +449,8 @@ def test_a_failed_gate_leaves_activation_unexecuted_and_the_previous_generation_
     document = json.loads(cli.stdout)
     assert (document["generation"], document["activated"]) == (3, False)
     assert document["evaluation"]["gate_passed"] is False
+    assert [m for m in document["evaluation"]["misses"] if m["query"] == "q99"] == [
+        {"query": "q99", "evidence_id": "evidence:unita-inesistente", "reason": "not_published"}]
     assert cli.stderr.strip().splitlines()[-1].startswith(
         "error: evaluation gate failed: 1 query(ies) without an expected unit in the fused "
         "top 10: q99")

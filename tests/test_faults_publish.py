@@ -541,7 +541,7 @@ def test_disk_full_while_materializing_the_revision(
         result = cli("workspace", "preprocess", "evidence", str(clone))
         monkeypatch.undo()
         assert len(written) == 20
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output  # could not run (issue 14 item 10)
         assert isinstance(result.exception, SystemExit)
         line = one_error_line(result.stderr)
         assert "cannot materialize revision" in line and "No space left on device" in line
@@ -700,7 +700,7 @@ def test_a_searcher_holding_the_shard_makes_publishing_fail_fast(
         try:
             assert evidence_runtime.search(QUESTION, "sql_generation").generation == 1
             refused = tht("workspace", "preprocess", "evidence", str(clone))
-            assert refused.returncode == 1
+            assert refused.returncode == 2  # could not run (issue 14 item 10)
             line = one_error_line(refused.stderr)
             assert "cannot open the index" in line and "another process" in line
             assert list(generations(clone)) == [1]  # nothing was recorded

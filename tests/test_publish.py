@@ -187,7 +187,10 @@ def test_demo_is_published_as_an_active_generation_that_passes_the_gate(
     assert doc["generation"] == 1
     assert doc["activated"] is True
     assert set(doc["evaluation"]) == {"queries", "hit_at_5", "hit_at_10", "gate_passed",
-                                      "missed_kinds", "empty_queries"}
+                                      "missed_kinds", "empty_queries", "misses"}
+    # an expected unit outside the top 10 of a query that passes is still explained
+    assert all(m["reason"] in {"not_published", "purpose_filtered", "constraint_filtered",
+                               "ranked_low"} for m in doc["evaluation"]["misses"])
     assert doc["evaluation"]["gate_passed"] is True
     assert doc["evaluation"]["hit_at_10"] == doc["evaluation"]["queries"] == 31
     assert doc["evaluation"]["missed_kinds"] == [] and doc["evaluation"]["empty_queries"] == []
@@ -199,6 +202,9 @@ def test_demo_is_published_as_an_active_generation_that_passes_the_gate(
     assert gens[1].status is GenerationStatus.active
     assert gens[1].revision == published.revision
     assert gens[1].evaluation is not None and gens[1].evaluation["summary"]["gate_passed"]
+    assert doc["evaluation"]["misses"] == [  # the registry keeps the same report
+        {"query": q["id"], "evidence_id": eid, **why}
+        for q in gens[1].evaluation["queries"] for eid, why in q["misses"].items()]
     assert evidence_count(published.ws, 1) == doc["counts"]["fragments"]
 
     outcome = search_once(published.ws, e5)

@@ -16,8 +16,10 @@ from rich.table import Table
 
 from evidence_pipeline.authoring.backends.base import BACKEND_NAMES
 from evidence_pipeline.cli.common import (
+    EXIT_ERROR,
     EXIT_PROBLEMS,
     emit_json,
+    error_document,
     fail,
     json_option,
     print_problems,
@@ -33,6 +35,7 @@ from evidence_pipeline.cli.shared_records import (
     shared_records_after,
     shared_records_cmd,
 )
+from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
 if TYPE_CHECKING:
@@ -300,11 +303,11 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
             preprocess = runs.run_preprocess  # same contract, recorded in Dagster
         # --- end Dagster ----------------------------------------------------------------------
         result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"))
-    except GateFailed as exc:
+    except GateFailed as exc:  # the misses say why, without a second command
         shared = shared_records_after(workspace_root)  # spec §16, while a snapshot is saved
         if as_json:
             emit_json({"generation": exc.report.generation, "activated": False,
-                       "evaluation": exc.report.summary.model_dump(mode="json"),
+                       "evaluation": exc.report.summary_with_misses(), "problems": [],
                        **({"shared_records": shared} if shared else {})})
         else:
             print_evaluation(exc.report)
@@ -313,9 +316,13 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
         fail(str(exc), EXIT_PROBLEMS)
         return
     except PublishError as exc:
-        refuse(str(exc), exc.problems, {"generation": None, "activated": False,
-                                        "evaluation": None}, as_json=as_json)
-        return
+        if exc.problems:  # the revision is not publishable: its problems, exit 1
+            refuse(str(exc), exc.problems, {"generation": None, "activated": False,
+                                            "evaluation": None}, as_json=as_json)
+            return
+        _could_not_run(exc, as_json=as_json)
+    except EvidenceError as exc:
+        _could_not_run(exc, as_json=as_json)
     shared = shared_records_after(workspace_root)  # spec §16, while a snapshot is saved
     if as_json:
         emit_json({**result.to_json(), **({"shared_records": shared} if shared else {})})
@@ -331,12 +338,24 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
         print_comparison(shared)
 
 
+def _could_not_run(exc: EvidenceError, *, as_json: bool) -> None:
+    """``preprocess`` could not run (busy, index locked, nothing activated, a fault): exit 2,
+    and with ``--json`` the error document with the preprocess fields and the ``code``."""
+    if as_json:
+        doc = error_document(exc.code, exc.message, path=exc.path,
+                             evidence_id=exc.evidence_id, field=exc.field)
+        emit_json({"status": doc["status"], "generation": None, "activated": False,
+                   "evaluation": None, "problems": doc["problems"], "code": exc.code})
+    fail(str(exc), EXIT_ERROR)
+
+
 def print_evaluation(report: EvaluationReport) -> None:
-    """The evaluation table: per query hits and the three ranks of each expected unit."""
+    """The evaluation table: per query hits, the three ranks of each expected unit and why an
+    expected unit is not in the fused top 10."""
     table = Table(title=f"evaluation — generation {report.generation}, revision "
                         f"{report.revision[:12]}", header_style="bold")
     for col in ("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
-                "fused"):
+                "fused", "missed because"):
         table.add_column(col, overflow="fold")
 
     def r(v: int | None) -> str:
@@ -349,8 +368,12 @@ def print_evaluation(report: EvaluationReport) -> None:
                           q.purpose.value if first else "",
                           ("✓" if q.hit_at_5 else "✗") if first else "",
                           ("[green]✓[/]" if q.hit_at_10 else "[red]✗[/]") if first else "",
-                          eid, r(ranks.dense), r(ranks.bm25), r(ranks.fused))
+                          eid, r(ranks.dense), r(ranks.bm25), r(ranks.fused),
+                          miss.reason if (miss := q.misses.get(eid)) else "")
     stdout.print(table)
+    for qid, eid, miss in report.misses():
+        stdout.print(f"[yellow]missed[/] {qid} {escape(eid)}: {miss.reason} "
+                     f"({escape(miss.describe())})")
     s = report.summary
     verdict = "[green]gate passed[/]" if s.gate_passed else "[red]gate failed[/]"
     stdout.print(f"{verdict}: hit@5 {s.hit_at_5}/{s.queries}, hit@10 "

@@ -62,18 +62,35 @@ def corpus_metadata(report: ValidationReport, loaded: Sequence[LoadedUnit]
 
 
 def evaluation_table(report: EvaluationReport) -> str:
-    """One row per expected unit: the query's hits and the unit's dense, BM25 and fused rank."""
+    """One row per expected unit: the query's hits, the unit's dense, BM25 and fused rank, and
+    why it is not in the fused top 10."""
     rows = []
     for q in report.queries:
         for i, (eid, ranks) in enumerate(q.ranks.items()):
             first = i == 0
+            miss = q.misses.get(eid)
             rows.append((q.id if first else "", q.profile.value if first else "",
                          q.purpose.value if first else "",
                          ("✓" if q.hit_at_5 else "✗") if first else "",
                          ("✓" if q.hit_at_10 else "✗") if first else "",
-                         eid, ranks.dense, ranks.bm25, ranks.fused))
+                         eid, ranks.dense, ranks.bm25, ranks.fused,
+                         miss.reason if miss else ""))
     return table(("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
-                  "fused"), rows)
+                  "fused", "missed because"), rows)
+
+
+def misses_table(report: EvaluationReport) -> str:
+    """One row per expected unit outside the fused top 10: query, unit, reason and details."""
+    return table(("query", "expected", "reason", "details"),
+                 ((qid, eid, miss.reason, miss.describe())
+                  for qid, eid, miss in report.misses()))
+
+
+def misses_metadata(report: EvaluationReport) -> dict[str, Any]:
+    """The misses of a report, as a table and as the JSON of ``preprocess evidence --json``."""
+    doc = report.summary_with_misses()["misses"]
+    return {"misses": dg.MetadataValue.md(misses_table(report)),
+            "misses_json": dg.MetadataValue.json(doc)}
 
 
 def regressions_text(report: EvaluationReport) -> str:

@@ -10,7 +10,11 @@ from typing import Any
 
 import dagster as dg
 
-from evidence_pipeline.orchestration.metadata import evaluation_metadata, regressions_text
+from evidence_pipeline.orchestration.metadata import (
+    evaluation_metadata,
+    misses_metadata,
+    regressions_text,
+)
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.publishing import active_generation
 from evidence_pipeline.orchestration.resources import (
@@ -56,6 +60,7 @@ def active_index_gate(active_index_evaluation: EvaluationReport) -> dg.AssetChec
     """The active index still passes the gate and no query regressed against the baseline."""
     report = active_index_evaluation
     metadata: dict[str, Any] = {"gate_passed": dg.MetadataValue.bool(report.gate_passed),
-                                "regressions": regressions_text(report)}
+                                "regressions": regressions_text(report),
+                                **misses_metadata(report)}
     return dg.AssetCheckResult(passed=report.gate_passed and not report.regressions,
                                severity=dg.AssetCheckSeverity.WARN, metadata=metadata)

@@ -14,7 +14,11 @@ from typing import Any
 import dagster as dg
 
 from evidence_pipeline.orchestration.authoring import curated_corpus, validation_result
-from evidence_pipeline.orchestration.metadata import corpus_metadata, evaluation_metadata
+from evidence_pipeline.orchestration.metadata import (
+    corpus_metadata,
+    evaluation_metadata,
+    misses_metadata,
+)
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
@@ -167,7 +171,8 @@ def evaluation_gate(generation_evaluation: EvaluationReport) -> dg.AssetCheckRes
         "generation": dg.MetadataValue.int(report.generation),
         "hit@5": dg.MetadataValue.int(s.hit_at_5),
         "hit@10": dg.MetadataValue.int(s.hit_at_10),
-        "queries": dg.MetadataValue.int(s.queries)}
+        "queries": dg.MetadataValue.int(s.queries),
+        **misses_metadata(report)}  # a failed gate says why
     if not report.gate_passed:
         metadata["failure"] = str(gate_failure(report))
     return dg.AssetCheckResult(passed=report.gate_passed, severity=dg.AssetCheckSeverity.ERROR,

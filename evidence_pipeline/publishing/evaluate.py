@@ -4,6 +4,11 @@ Runs the fused search the runtime uses and the dense and BM25 branches alone, re
 expected unit its rank in each, and decides the gate: every query finds an expected unit in the
 fused top 10. Never changes the index.
 
+Every expected unit missing from the fused top 10 gets a reason, found by asking the index about
+that unit's points in the evaluated generation (issue 16): ``not_published`` (none),
+``purpose_filtered`` (none with the query's purpose), ``constraint_filtered`` (none within the
+query's explicit constraints), else ``ranked_low`` (reachable, but ranked below 10).
+
 The evaluation set is the one of the revision the generation was built from (its materialized
 tree, written from Git when missing), never the work tree: a generation is judged by the
 questions that were reviewed with it. ``model_dump(mode="json")`` of an
@@ -13,12 +18,14 @@ questions that were reviewed with it. ``model_dump(mode="json")`` of an
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     SerializerFunctionWrapHandler,
     ValidationError,
     model_serializer,
@@ -29,7 +36,9 @@ from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profi
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.errors import EvidenceError
-from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome
+from evidence_runtime.index import Match
+from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
+from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome, build_match
 from evidence_runtime.units import EvidencePurpose
 from evidence_runtime.workspace import Workspace
 
@@ -55,8 +64,62 @@ class Ranks(_Record):
     fused: int | None
 
 
+class NotPublished(_Record):
+    """The generation holds no fragment of the unit."""
+
+    reason: Literal["not_published"] = "not_published"
+
+    def describe(self) -> str:
+        return "no fragment in the generation"
+
+
+class PurposeFiltered(_Record):
+    """The unit is published, but not for the query's purpose."""
+
+    reason: Literal["purpose_filtered"] = "purpose_filtered"
+    purposes: tuple[EvidencePurpose, ...]  # the unit's
+    purpose: EvidencePurpose  # the query's
+
+    def describe(self) -> str:
+        return (f"unit purposes {', '.join(p.value for p in self.purposes) or 'none'}; "
+                f"query purpose {self.purpose.value}")
+
+
+class ConstraintFiltered(_Record):
+    """The unit has the purpose, but the query's explicit constraints exclude it."""
+
+    reason: Literal["constraint_filtered"] = "constraint_filtered"
+    constraint: dict[str, tuple[str, ...]]  # the query's constraints that exclude the unit
+    unit: dict[str, tuple[str, ...]]  # the unit's values for those constraints
+
+    def describe(self) -> str:
+        return "; ".join(f"{name} {', '.join(values)} (unit: "
+                         f"{', '.join(self.unit.get(name, ())) or 'none'})"
+                         for name, values in self.constraint.items())
+
+
+class RankedLow(_Record):
+    """The search can reach the unit, but ranks it below the fused top 10."""
+
+    reason: Literal["ranked_low"] = "ranked_low"
+    dense: int | None
+    bm25: int | None
+    fused: int | None
+
+    def describe(self) -> str:
+        def r(v: int | None) -> str:
+            return f">{RANK_DEPTH}" if v is None else str(v)
+
+        return f"dense {r(self.dense)}, bm25 {r(self.bm25)}, fused {r(self.fused)}"
+
+
+Miss = Annotated[NotPublished | PurposeFiltered | ConstraintFiltered | RankedLow,
+                 Field(discriminator="reason")]
+
+
 class QueryResult(_Record):
-    """One question of evaluation.yaml: its hits and the ranks of each expected unit."""
+    """One question of evaluation.yaml: its hits, the ranks of each expected unit and why each
+    expected unit outside the fused top 10 is there."""
 
     id: str
     profile: Profile
@@ -65,6 +128,7 @@ class QueryResult(_Record):
     hit_at_5: bool
     hit_at_10: bool
     ranks: dict[str, Ranks]
+    misses: dict[str, Miss] = Field(default_factory=dict)
 
 
 class EvaluationSummary(_Record):
@@ -107,6 +171,16 @@ class EvaluationReport(_Record):
         """Ids of the queries without an expected unit in the fused top 10."""
         return [q.id for q in self.queries if not q.hit_at_10]
 
+    def misses(self) -> list[tuple[str, str, Miss]]:
+        """(query id, evidence id, why) of every expected unit outside the fused top 10."""
+        return [(q.id, eid, miss) for q in self.queries for eid, miss in q.misses.items()]
+
+    def summary_with_misses(self) -> dict[str, Any]:
+        """The summary and every miss: the ``evaluation`` of ``preprocess evidence --json``."""
+        return {**self.summary.model_dump(mode="json"),
+                "misses": [{"query": qid, "evidence_id": eid, **miss.model_dump(mode="json")}
+                           for qid, eid, miss in self.misses()]}
+
     @model_serializer(mode="wrap")
     def _without_absent_baseline(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         out = handler(self)
@@ -122,6 +196,57 @@ def _ranks(outcome: EvidenceSearchOutcome) -> dict[str, int]:
 def _unavailable(outcome: EvidenceSearchOutcome) -> EvaluationUnavailable:
     return EvaluationUnavailable(f"search unavailable ({outcome.code}): {outcome.message}",
                                  code=f"evaluation_unavailable_{outcome.code}")
+
+
+# constraint name in evaluation.yaml → payload field of a fragment
+_CONSTRAINT_FIELDS = {"kinds": "evidence_kind", "tables": "tables", "columns": "columns",
+                      "concepts": "concepts"}
+
+
+def explain_miss(searcher: EvidenceSearcher, q: EvalQuery, evidence_id: str, ranks: Ranks, *,
+                 generation: int, revision: str) -> Miss:
+    """Why ``evidence_id`` is not in the fused top 10 of ``q``, from the index itself: the
+    unit's points in the generation counted without and with the purpose and constraints."""
+
+    def match(*, purpose: bool, constraints: EvidenceConstraints | None = None) -> Match:
+        context = EvidenceSearchContext(constraints=constraints or EvidenceConstraints())
+        m = build_match(searcher.workspace_id, revision, generation, q.purpose, context)
+        if not purpose:
+            del m["purposes"]
+        return {**m, "evidence_id": evidence_id}
+
+    try:
+        index = searcher.index()
+        dim = searcher.embedder.dim
+        probe = [1 / math.sqrt(dim)] * dim  # any vector: the filter alone decides what comes back
+        found = index.dense_search(probe, match=match(purpose=False), limit=1)
+        if not found:
+            return NotPublished()
+        payload = found[0].payload
+        if not index.count(match(purpose=True)):
+            return PurposeFiltered(purposes=tuple(payload.get("purposes", ())),
+                                   purpose=q.purpose)
+        given = q.context.constraints
+        if not given.is_empty() and not index.count(match(purpose=True, constraints=given)):
+            excluding: dict[str, tuple[str, ...]] = {}
+            for name in _CONSTRAINT_FIELDS:  # which of them, each alone, leaves no point
+                values = getattr(given, name)
+                alone = EvidenceConstraints.model_validate({name: values})
+                if values and not index.count(match(purpose=True, constraints=alone)):
+                    excluding[name] = tuple(str(v) for v in values)
+            unit = {name: tuple(str(v) for v in _as_list(payload.get(_CONSTRAINT_FIELDS[name])))
+                    for name in excluding}
+            return ConstraintFiltered(constraint=excluding, unit=unit)
+    except EvidenceError as exc:  # a fault is never reported as a reason
+        raise EvaluationUnavailable(f"cannot explain a miss of {q.id}: {exc}",
+                                    code=f"evaluation_unavailable_{exc.code}") from exc
+    return RankedLow(dense=ranks.dense, bm25=ranks.bm25, fused=ranks.fused)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def _query(searcher: EvidenceSearcher, q: EvalQuery, generation: int | None,
@@ -160,9 +285,13 @@ def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: 
         h10 = best is not None and best <= GATE_K
         if not h10:
             missed_kinds.update(unit_kinds.get(e, "unknown") for e in q.expected)
+        assert gen_number is not None and revision is not None
+        misses = {eid: explain_miss(searcher, q, eid, ranks[eid], generation=gen_number,
+                                    revision=revision)
+                  for eid in q.expected if fused.get(eid, GATE_K + 1) > GATE_K}
         rows.append(QueryResult(id=q.id, profile=q.profile, purpose=q.purpose,
                                 expected=q.expected, hit_at_5=best is not None and best <= 5,
-                                hit_at_10=h10, ranks=ranks))
+                                hit_at_10=h10, ranks=ranks, misses=misses))
     hit10 = sum(r.hit_at_10 for r in rows)
     summary = EvaluationSummary(
         queries=len(rows), hit_at_5=sum(r.hit_at_5 for r in rows), hit_at_10=hit10,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence_pipeline.gitrepo import materialize_revision, require_clean, resolve_revision
+from evidence_pipeline.gitrepo import require_clean, resolve_revision
 from evidence_pipeline.lock import exclusive_lock
 from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
 from evidence_pipeline.publishing.evalset import read_evaluation
@@ -38,6 +38,7 @@ from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
     baseline_path,
     evaluate,
+    revision_evidence_dir,
     with_baseline,
 )
 from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
@@ -99,7 +100,7 @@ class PublishResult:
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "revision": self.revision,
                 "activated": self.activated,
-                "evaluation": (self.evaluation.summary.model_dump(mode="json")
+                "evaluation": (self.evaluation.summary_with_misses()
                                if self.evaluation else None),
                 "counts": self.counts,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
@@ -337,19 +338,17 @@ def activated_revision(ws: Workspace, registry: RegistryWriter) -> str:
     registry.generations(ws.config.workspace_id)
     if revision is None:
         raise PublishError("no revision is activated for this workspace; run "
-                           "`tht workspace activate` first", path=str(ws.root))
+                           "`tht workspace activate` first", path=str(ws.root),
+                           code="no_activated_revision")
     return revision
 
 
 def materialize_corpus(ws: Workspace, revision: str) -> PublishedCorpus:
     """Write the revision's tree under the state directory and validate its whole corpus."""
     try:
-        mat = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
-    except OSError as exc:  # e.g. a full disk; the partial copy was removed
-        raise PublishError(f"cannot materialize revision {revision[:12]}: "
-                           f"{exc.strerror or exc}", code="materialize_failed",
-                           path=str(ws.state_dir / "revisions")) from None
-    evidence_dir = mat / ws.config.evidence.root
+        evidence_dir = revision_evidence_dir(ws, revision)
+    except EvidenceError as exc:  # e.g. a full disk; the partial copy was removed
+        raise PublishError(exc.message, code=exc.code, path=exc.path) from None
     report, loaded = validate_corpus(ws, evidence_dir)
     return PublishedCorpus(revision, evidence_dir, report, loaded)
 
