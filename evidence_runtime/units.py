@@ -380,14 +380,16 @@ class UnitBase(BaseModel):
 
 
 def check_evidence_id(value: str) -> str:
-    """Check ``evidence:<slug>``; the kind must not be encoded in the id (spec §4.2)."""
+    """Check ``evidence:<slug>``; no word of the slug is a kind name (spec §4.2: the id does
+    not contain the kind, wherever it stands)."""
     if not ID_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an id of the form evidence:<slug> (lowercase letters, digits, -)"
         )
-    first = value.removeprefix(ID_PREFIX).split("-", 1)[0]
-    if first in EvidenceKind.__members__ and first != value.removeprefix(ID_PREFIX):
-        raise ValueError(f"{value!r} encodes the kind {first!r}; ids must not contain the kind")
+    kinds = [w for w in value.removeprefix(ID_PREFIX).split("-") if w in EvidenceKind.__members__]
+    if kinds:
+        raise ValueError(f"{value!r} contains the kind name {kinds[0]!r}; ids must not contain "
+                         "a kind")
     return value
 
 

@@ -2,6 +2,13 @@
 
 Written by prepare and resolve only. Reading keeps the round-trip data so an untouched manifest is
 saved byte for byte; code that changes it writes the canonical (sorted) form.
+
+A key beyond DESIGN.md's format (extra keys are allowed there):
+
+- ``retired_ids``: every id that was issued in the workspace and is no longer in use (a unit
+  retired with ``resolve --retire``, or dropped from the manifest by any authoring command).
+  With the ids in use they are every id ever issued: a new unit never gets one of them (spec
+  §4.2, "assegnato una sola volta"), so an old session receipt never points at other knowledge.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class Manifest(BaseModel):
     sources: dict[str, SourceEntry] = Field(default_factory=dict)
     orphans: list[str] = Field(default_factory=list)
     retirement_candidates: list[str] = Field(default_factory=list)
+    retired_ids: list[str] = Field(default_factory=list)
 
     @field_validator("sources")
     @classmethod
@@ -66,7 +74,7 @@ class Manifest(BaseModel):
                 raise ValueError(f"source {path!r}: {exc}") from None
         return v
 
-    @field_validator("orphans", "retirement_candidates")
+    @field_validator("orphans", "retirement_candidates", "retired_ids")
     @classmethod
     def _ids(cls, v: list[str]) -> list[str]:
         for unit_id in v:
@@ -84,6 +92,19 @@ class Manifest(BaseModel):
     def all_unit_ids(self) -> set[str]:
         return set(self.unit_sources())
 
+    def ids_in_use(self) -> set[str]:
+        """The ids the manifest lists as units, orphans or retirement candidates."""
+        return self.all_unit_ids() | set(self.orphans) | set(self.retirement_candidates)
+
+    def issued_ids(self) -> set[str]:
+        """Every id ever issued in the workspace: in use or retired (never minted again)."""
+        return self.ids_in_use() | set(self.retired_ids)
+
+    def retire_dropped(self, previous: Manifest) -> None:
+        """Record as retired every id of ``previous`` that this manifest no longer uses."""
+        dropped = previous.issued_ids() - self.ids_in_use()
+        self.retired_ids = sorted(set(self.retired_ids) | dropped)
+
     def to_data(self) -> dict[str, Any]:
         """Canonical plain data: sources and ids sorted."""
         return {
@@ -94,6 +115,7 @@ class Manifest(BaseModel):
             },
             "orphans": sorted(set(self.orphans)),
             "retirement_candidates": sorted(set(self.retirement_candidates)),
+            "retired_ids": sorted(set(self.retired_ids)),
         }
 
 

@@ -110,6 +110,7 @@ class BatchPlanner:
             sources={},
             orphans=list(manifest.orphans),
             retirement_candidates=list(manifest.retirement_candidates),
+            retired_ids=list(manifest.retired_ids),
         )
         self.existing = existing
         self.progress = progress
@@ -323,6 +324,7 @@ class BatchPlanner:
         old_m = mpath.read_bytes() if mpath.is_file() else None
         self.manifest.orphans = sorted(set(self.manifest.orphans))
         self.manifest.retirement_candidates = sorted(set(self.manifest.retirement_candidates))
+        self.manifest.retire_dropped(self.old_manifest)  # an id dropped is never issued again
         if old_m is None or self.manifest.to_data() != self.old_manifest.to_data() \
                 or batch.writes or batch.deletes:
             new_m = dump_manifest(self.manifest).encode("utf-8")

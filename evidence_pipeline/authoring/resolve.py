@@ -2,7 +2,7 @@
 
 Both actions run in the authoring session (lock, recovery, clean tree, manifest and its
 ``pipeline_version``), update curated file and manifest together (all or nothing) and make no
-commit.
+commit. A retired id goes to the manifest's ``retired_ids``: it is never issued again.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
         batch = Batch()
         if retire:
             batch.deletes.add(unit_rel)
+            manifest.retired_ids.append(evidence_id)  # issued once: never minted again
             action = "retired"
         else:
             assert source is not None
@@ -98,6 +99,7 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
                 items.remove(i)
             batch.writes[unit_rel] = dump_curated(doc).encode("utf-8")
             action = "relinked"
+        manifest.retire_dropped(session.manifest)
         batch.writes[manifest_rel] = dump_manifest(manifest).encode("utf-8")
         session.apply(batch)
         return ResolveResult(action=action, evidence_id=evidence_id,

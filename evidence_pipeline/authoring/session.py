@@ -158,11 +158,12 @@ class AuthoringSession:
         return Manifest.model_validate(self.manifest.to_data())
 
     def taken_ids(self) -> set[str]:
-        """Every id a new unit must not get: units, manifest entries, orphans, file names."""
+        """Every id a new unit must not get: every id ever issued (units, manifest entries,
+        orphans, retirement candidates, retired ids) and the curated file names."""
         manifest = self.manifest or empty_manifest()
         names = {f"{ID_PREFIX}{PurePosixPath(item.rel_path).stem}"
                  for item in self.existing.values()}
-        return set(self.existing) | manifest.all_unit_ids() | set(manifest.orphans) | names
+        return set(self.existing) | manifest.issued_ids() | names
 
     def apply(self, batch: Batch) -> None:
         """Apply ``batch`` (paths relative to the workspace root) all or nothing.

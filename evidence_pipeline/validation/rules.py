@@ -246,6 +246,13 @@ def check_corpus(loaded: Sequence[LoadedUnit], manifest: Manifest | None, *,
     if manifest.pipeline_version != PIPELINE_VERSION:
         out.append(Problem("pipeline_version_incompatible", Severity.error, manifest_path, None,
                            incompatible_version(manifest.pipeline_version), "pipeline_version"))
+    # an id is issued once (spec §4.2): a retired id back in use would give old receipts to
+    # other knowledge
+    for eid in sorted(set(manifest.retired_ids) & (manifest.ids_in_use() | set(by_id))):
+        out.append(Problem("retired_id_reused", Severity.error,
+                           _shown_for(eid, by_id, shown_prefix) or manifest_path, eid,
+                           "this id was retired (manifest retired_ids) and is never issued "
+                           "again; give the unit a new id", "id"))
 
     unit_sources = manifest.unit_sources()
     for eid, paths in sorted(unit_sources.items()):

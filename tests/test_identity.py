@@ -1,0 +1,187 @@
+"""Identity and lifecycle through the CLI (issue 15 items 1, 2, 5): an id is issued once and
+never carries a kind (spec §4.2), an orphan comes home when its source is restored (§6), and a
+model failure ends the prepare batch (§5.3).
+
+The model is the scripted OpenAI-compatible server of ``tests/fakes``, reached by the real
+``openai`` backend; everything else (intake, ids, manifest, Git checks, apply) is real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from evidence_pipeline.authoring.ids import slugify
+from evidence_pipeline.authoring.manifest import read_manifest
+from evidence_pipeline.cli import main
+from evidence_runtime.units import check_evidence_id
+from tests.fakes.openai_server import FakeOpenAIServer, Scripted
+from tests.test_prepare import RICOVERO, commit, make_ws
+
+RICOVERO_EXCERPT = "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto."
+DEGENZA = "# Degenza\n\nLa degenza media si misura in giorni di ricovero.\n"
+DEGENZA_EXCERPT = "La degenza media si misura in giorni di ricovero."
+
+
+def glossary(title: str, excerpt: str, *, uid: str | None = None, term: str = "ricovero"
+             ) -> dict[str, Any]:
+    unit = {"title": title, "kind": "glossary", "purposes": ["disambiguation"],
+            "applies_to": {"concepts": [term], "tables": [], "columns": []},
+            "glossary": {"term": term, "definition": excerpt, "synonyms": []},
+            "supporting_excerpts": [excerpt], "review_items": [], "body": excerpt}
+    if uid is not None:
+        unit["id"] = uid
+    return unit
+
+
+def answer(*units: dict[str, Any]) -> Scripted:
+    return Scripted(content=json.dumps({"units": list(units), "retirement_candidates": []},
+                                       ensure_ascii=False))
+
+
+def tht(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def prepare(ws: Path) -> Result:
+    return tht("evidence", "prepare", str(ws), "--json")
+
+
+def prepared(ws: Path) -> dict[str, Any]:
+    r = prepare(ws)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def validate(ws: Path) -> dict[str, Any]:
+    return json.loads(tht("evidence", "validate", str(ws), "--json").stdout)
+
+
+def curated_ids(ws: Path) -> list[str]:
+    return sorted(f"evidence:{p.stem}" for p in (ws / "evidence/curated").rglob("*.md"))
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer() as s:
+        yield s
+
+
+def openai_ws(tmp_path: Path, server: FakeOpenAIServer, files: dict[str, str],
+              timeout_s: float = 5) -> Path:
+    ws = make_ws(tmp_path, files)
+    (ws / "thoth.yaml").write_text(
+        f"workspace_id: test\nlanguage: italian\nmodel:\n  backend: openai\n"
+        f"  base_url: {server.url}\n  model: local-test\n  timeout_s: {timeout_s}\n",
+        encoding="utf-8")
+    commit(ws, "configure the model backend")
+    return ws
+
+
+# --- 1. an id is issued once (§4.2) --------------------------------------------------------------
+
+
+def test_a_retired_id_is_never_issued_again(tmp_path: Path, server: FakeOpenAIServer) -> None:
+    ws = openai_ws(tmp_path, server, {"source/ricovero.md": RICOVERO})
+    server.add(answer(glossary("Ricovero", RICOVERO_EXCERPT)).content)
+    assert prepared(ws)["sources"][0]["units"] == ["evidence:ricovero"]
+    commit(ws, "prepared")
+    r = tht("evidence", "resolve", "evidence:ricovero", "--retire", "--workspace", str(ws),
+            "--json")
+    assert r.exit_code == 0, r.output
+    commit(ws, "retired")
+
+    # a later note whose unit is titled the same: the retired id is not lent to other content
+    (ws / "evidence/source/degenza.md").write_text(DEGENZA, encoding="utf-8")
+    commit(ws, "new note")
+    server.add(answer(glossary("Ricovero", DEGENZA_EXCERPT)).content)
+    doc = prepared(ws)
+    [new] = [s for s in doc["sources"] if s["path"] == "source/degenza.md"]
+    assert new["units"] == ["evidence:ricovero-2"]
+    assert curated_ids(ws) == ["evidence:ricovero-2"]
+    manifest = read_manifest(ws / "evidence")
+    assert manifest.retired_ids == ["evidence:ricovero"]  # kept by every later write
+    text = (ws / "evidence/manifest.yaml").read_text(encoding="utf-8")
+    assert "retired_ids:\n  - evidence:ricovero\n" in text
+    assert validate(ws)["status"] == "publishable"
+
+    # a curator who puts the retired id back by hand is told so by validate
+    commit(ws, "prepared again")
+    unit = ws / "evidence/curated/glossary/ricovero-2.md"
+    unit.write_text(unit.read_text(encoding="utf-8").replace("evidence:ricovero-2",
+                                                             "evidence:ricovero"),
+                    encoding="utf-8")
+    unit.rename(unit.with_name("ricovero.md"))
+    m = ws / "evidence/manifest.yaml"
+    m.write_text(m.read_text(encoding="utf-8").replace("      - evidence:ricovero-2\n",
+                                                       "      - evidence:ricovero\n"),
+                 encoding="utf-8")
+    report = validate(ws)
+    assert report["status"] == "invalid"
+    assert [(p["code"], p["evidence_id"], p["path"]) for p in report["problems"]] == [
+        ("retired_id_reused", "evidence:ricovero", "evidence/curated/glossary/ricovero.md")]
+
+
+# The rule (ids.py): a kind name is never a word of a minted slug, wherever it stands; a
+# connective it leaves dangling at an edge goes with it; kind names only → "unit".
+SLUGS = {
+    "Formula BMI": "bmi",
+    "BMI formula": "bmi",
+    "Formula di Friedewald": "friedewald",
+    "Calcolo della formula": "calcolo",
+    "Tabella di mapping reparti": "tabella-di-reparti",
+    "Reference: linee guida": "linee-guida",
+    "Glossary": "unit",
+    "Formula enum": "unit",
+    "Fascia pediatrica": "fascia-pediatrica",  # a title without kind names is untouched
+    "Età al ricovero": "eta-al-ricovero",
+}
+
+
+@pytest.mark.parametrize(("title", "slug"), sorted(SLUGS.items()))
+def test_kind_names_are_never_words_of_a_minted_slug(title: str, slug: str) -> None:
+    assert slugify(title) == slug
+    check_evidence_id(f"evidence:{slug}")
+
+
+@pytest.mark.parametrize("eid", ["evidence:formula-bmi", "evidence:bmi-formula",
+                                 "evidence:codici-mapping-reparti", "evidence:glossary"])
+def test_an_id_carrying_a_kind_name_anywhere_is_refused(eid: str) -> None:
+    with pytest.raises(ValueError, match="kind"):
+        check_evidence_id(eid)
+
+
+def test_prepare_mints_ids_without_kind_names_and_validate_refuses_them(
+        tmp_path: Path, server: FakeOpenAIServer) -> None:
+    ws = openai_ws(tmp_path, server, {"source/ricovero.md": RICOVERO})
+    server.add(answer(glossary("Ricovero (glossary)", RICOVERO_EXCERPT)).content)
+    assert prepared(ws)["sources"][0]["units"] == ["evidence:ricovero"]
+    assert validate(ws)["status"] == "publishable"
+    # the same unit with the kind written into its id by hand
+    unit = ws / "evidence/curated/glossary/ricovero.md"
+    unit.write_text(unit.read_text(encoding="utf-8").replace(
+        "id: evidence:ricovero", "id: evidence:ricovero-glossary"), encoding="utf-8")
+    unit.rename(unit.with_name("ricovero-glossary.md"))
+    m = ws / "evidence/manifest.yaml"
+    m.write_text(m.read_text(encoding="utf-8").replace("- evidence:ricovero\n",
+                                                       "- evidence:ricovero-glossary\n"),
+                 encoding="utf-8")
+    report = validate(ws)
+    assert report["status"] == "invalid"
+    assert [(p["code"], p["path"], p["field"]) for p in report["problems"]] == [
+        ("id_invalid", "evidence/curated/glossary/ricovero-glossary.md", "id"),
+        ("manifest_malformed", "evidence/manifest.yaml", "sources.source/ricovero.md.units")]
+    assert all("contains the kind name 'glossary'" in p["message"]
+               for p in report["problems"])
+
+
+def test_the_demo_ids_are_valid_and_the_demo_publishable(tmp_path: Path) -> None:
+    r = tht("demo", "init", str(tmp_path / "d"))
+    assert r.exit_code == 0, r.output
+    for eid in read_manifest(tmp_path / "d" / "evidence").all_unit_ids():
+        check_evidence_id(eid)
+    assert validate(tmp_path / "d")["status"] == "publishable"
