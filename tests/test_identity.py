@@ -8,6 +8,7 @@ The model is the scripted OpenAI-compatible server of ``tests/fakes``, reached b
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,89 @@ def test_the_demo_ids_are_valid_and_the_demo_publishable(tmp_path: Path) -> None
     for eid in read_manifest(tmp_path / "d" / "evidence").all_unit_ids():
         check_evidence_id(eid)
     assert validate(tmp_path / "d")["status"] == "publishable"
+
+
+# --- 2. an orphan comes home (§6) -----------------------------------------------------------------
+
+
+@pytest.fixture
+def orphaned(tmp_path: Path, server: FakeOpenAIServer) -> Path:
+    """ricovero.md and degenza.md prepared; ricovero.md then deleted by mistake and prepared:
+    evidence:ricovero is an orphan."""
+    ws = openai_ws(tmp_path, server, {"source/degenza.md": DEGENZA,
+                                      "source/ricovero.md": RICOVERO})
+    server.add(answer(glossary("Degenza media", DEGENZA_EXCERPT, term="degenza media")).content)
+    server.add(answer(glossary("Ricovero", RICOVERO_EXCERPT)).content)
+    prepared(ws)
+    commit(ws, "prepared")
+    (ws / "evidence/source/ricovero.md").unlink()
+    commit(ws, "deleted by mistake")
+    doc = prepared(ws)
+    assert doc["orphans"] == ["evidence:ricovero"]
+    commit(ws, "orphan")
+    assert validate(ws)["status"] == "blocked"
+    assert len(server.received) == 2
+    return ws
+
+
+@pytest.mark.parametrize("where", ["source/ricovero.md", "source/glossario/ricovero.md"])
+def test_a_source_restored_unchanged_brings_its_orphans_home(
+        orphaned: Path, server: FakeOpenAIServer, where: str) -> None:
+    ws = orphaned
+    target = ws / "evidence" / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(RICOVERO, encoding="utf-8")
+    commit(ws, "restored")
+    doc = prepared(ws)
+    assert len(server.received) == 2  # no model call
+    assert doc["model_calls"] == 0
+    [report] = [s for s in doc["sources"] if s["path"] == where]
+    assert report["units"] == ["evidence:ricovero"]
+    if where == "source/ricovero.md":
+        assert (report["change"], report["renamed_from"]) == ("restored", None)
+    else:  # at another path: a rename
+        assert (report["change"], report["renamed_from"]) == ("renamed", "source/ricovero.md")
+    assert doc["orphans"] == []
+    assert curated_ids(ws) == ["evidence:degenza-media", "evidence:ricovero"]  # no ricovero-2
+    manifest = read_manifest(ws / "evidence")
+    assert manifest.sources[where].units == ["evidence:ricovero"]
+    assert manifest.orphans == [] and manifest.orphaned_sources == {}
+    unit = (ws / "evidence/curated/glossary/ricovero.md").read_text(encoding="utf-8")
+    assert f"source_file: {where}\n" in unit
+    assert validate(ws)["status"] == "publishable"
+
+
+def test_an_orphan_made_before_the_manifest_recorded_its_source_comes_home(
+        orphaned: Path, server: FakeOpenAIServer) -> None:
+    ws = orphaned
+    m = ws / "evidence/manifest.yaml"
+    text = m.read_text(encoding="utf-8")
+    # the manifest remembers where the orphan came from: its source's path and hash
+    assert text.endswith("orphaned_sources:\n  source/ricovero.md:\n    sha256: sha256:"
+                         f"{hashlib.sha256(RICOVERO.encode()).hexdigest()}\n    units:\n"
+                         "      - evidence:ricovero\n")
+    m.write_text(text[:text.index("orphaned_sources:")], encoding="utf-8")
+    assert read_manifest(ws / "evidence").orphaned_sources == {}
+    (ws / "evidence/source/ricovero.md").write_text(RICOVERO, encoding="utf-8")
+    commit(ws, "an older manifest; the note restored")
+    doc = prepared(ws)  # the orphan's own provenance names its source and hash
+    assert doc["model_calls"] == 0 and doc["orphans"] == []
+    assert validate(ws)["status"] == "publishable"
+
+
+def test_a_source_restored_changed_sends_its_orphans_to_the_model(
+        orphaned: Path, server: FakeOpenAIServer) -> None:
+    ws = orphaned
+    (ws / "evidence/source/ricovero.md").write_text(
+        RICOVERO + "\nUn ricovero dura almeno una notte.\n", encoding="utf-8")
+    commit(ws, "restored and edited")
+    server.add(answer(glossary("Ricovero", RICOVERO_EXCERPT, uid="evidence:ricovero")).content)
+    doc = prepared(ws)
+    assert doc["model_calls"] == 1 and len(server.received) == 3
+    prompt = json.dumps(server.received[-1].body["messages"], ensure_ascii=False)
+    assert "evidence:ricovero" in prompt  # given as a previous unit, its id kept
+    [report] = [s for s in doc["sources"] if s["path"] == "source/ricovero.md"]
+    assert report["change"] == "new" and report["units"] == ["evidence:ricovero"]
+    assert doc["orphans"] == [] and doc["retirement_candidates"] == []
+    assert curated_ids(ws) == ["evidence:degenza-media", "evidence:ricovero"]
+    assert validate(ws)["status"] == "publishable"

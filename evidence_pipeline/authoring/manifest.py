@@ -3,12 +3,16 @@
 Written by prepare and resolve only. Reading keeps the round-trip data so an untouched manifest is
 saved byte for byte; code that changes it writes the canonical (sorted) form.
 
-A key beyond DESIGN.md's format (extra keys are allowed there):
+Two keys beyond DESIGN.md's format (extra keys are allowed there):
 
 - ``retired_ids``: every id that was issued in the workspace and is no longer in use (a unit
   retired with ``resolve --retire``, or dropped from the manifest by any authoring command).
   With the ids in use they are every id ever issued: a new unit never gets one of them (spec
   §4.2, "assegnato una sola volta"), so an old session receipt never points at other knowledge.
+- ``orphaned_sources``: for each removed source whose units are orphans, the hash it had and
+  those units, so the source restored unchanged (at its path or another) brings them home
+  with the same ids, and restored changed it gives them to the model as previous units
+  (spec §6). An entry lives as long as one of its units is still an orphan.
 """
 
 from __future__ import annotations
@@ -63,8 +67,9 @@ class Manifest(BaseModel):
     orphans: list[str] = Field(default_factory=list)
     retirement_candidates: list[str] = Field(default_factory=list)
     retired_ids: list[str] = Field(default_factory=list)
+    orphaned_sources: dict[str, SourceEntry] = Field(default_factory=dict)
 
-    @field_validator("sources")
+    @field_validator("sources", "orphaned_sources")
     @classmethod
     def _source_paths(cls, v: dict[str, SourceEntry]) -> dict[str, SourceEntry]:
         for path in v:
@@ -105,17 +110,36 @@ class Manifest(BaseModel):
         dropped = previous.issued_ids() - self.ids_in_use()
         self.retired_ids = sorted(set(self.retired_ids) | dropped)
 
+    def previous_entry(self, path: str) -> SourceEntry | None:
+        """What the source at ``path`` yielded: its entry, or, for a removed source whose units
+        are still orphans, the hash it had and those units."""
+        entry = self.sources.get(path)
+        if entry is not None:
+            return entry
+        orphaned = self.orphaned_sources.get(path)
+        if orphaned is None:
+            return None
+        units = [u for u in orphaned.units if u in set(self.orphans)]
+        return SourceEntry(sha256=orphaned.sha256, units=units) if units else None
+
     def to_data(self) -> dict[str, Any]:
-        """Canonical plain data: sources and ids sorted."""
+        """Canonical plain data: sources and ids sorted; an orphaned source only while one of
+        its units is an orphan."""
+        orphans = sorted(set(self.orphans))
+        orphaned = {path: [u for u in sorted(set(entry.units)) if u in orphans]
+                    for path, entry in sorted(self.orphaned_sources.items())}
         return {
             "pipeline_version": self.pipeline_version,
             "sources": {
                 path: {"sha256": entry.sha256, "units": sorted(entry.units)}
                 for path, entry in sorted(self.sources.items())
             },
-            "orphans": sorted(set(self.orphans)),
+            "orphans": orphans,
             "retirement_candidates": sorted(set(self.retirement_candidates)),
             "retired_ids": sorted(set(self.retired_ids)),
+            "orphaned_sources": {path: {"sha256": self.orphaned_sources[path].sha256,
+                                        "units": units}
+                                 for path, units in orphaned.items() if units},
         }
 
 

@@ -111,6 +111,8 @@ class BatchPlanner:
             orphans=list(manifest.orphans),
             retirement_candidates=list(manifest.retirement_candidates),
             retired_ids=list(manifest.retired_ids),
+            orphaned_sources={path: entry.model_copy(deep=True)
+                              for path, entry in manifest.orphaned_sources.items()},
         )
         self.existing = existing
         self.progress = progress
@@ -141,30 +143,45 @@ class BatchPlanner:
         for eid in entry.units:
             if eid not in self.manifest.orphans:
                 self.manifest.orphans.append(eid)
+        # where the orphans came from, so the source restored brings them home
+        self.manifest.orphaned_sources[change.path] = SourceEntry(sha256=entry.sha256,
+                                                                  units=list(entry.units))
         self._report(SourceReport(path=change.path, change=Change.removed,
                                   units=sorted(entry.units)))
 
     def rename(self, change: SourceChange) -> None:
-        assert change.source is not None and change.renamed_from is not None
-        old = self.old_manifest.sources[change.renamed_from]
+        """A renamed source, or one restored unchanged (at its path or another) while its
+        units are orphans: the same ids, provenance pointed at it, no model call."""
+        assert change.source is not None
+        old_path = change.renamed_from or change.path
+        old = self.old_manifest.previous_entry(old_path)
+        assert old is not None, old_path
         for eid in old.units:
             item = self.existing.get(eid)
             if item is None:
                 continue
             self.outputs[item.rel_path] = cite_source(item.doc, change.path,
                                                       change.source.sha256)
+        self._come_home(old_path, old.units)
         self.manifest.sources[change.path] = SourceEntry(sha256=change.source.sha256,
                                                          units=list(old.units))
-        self._report(SourceReport(path=change.path, change=Change.renamed,
+        self._report(SourceReport(path=change.path, change=change.change,
                                   units=sorted(old.units), renamed_from=change.renamed_from))
+
+    def _come_home(self, old_path: str, units: list[str]) -> None:
+        """The units of a removed source are its source's again: no longer orphans."""
+        if old_path in self.old_manifest.sources:
+            return
+        self.manifest.orphans = [eid for eid in self.manifest.orphans if eid not in units]
+        self.manifest.orphaned_sources.pop(old_path, None)
 
     def restructure(self, change: SourceChange, proposal: SourceProposal) -> list[Problem]:
         """Take in the model's answer for one changed source: ids, units, checks, manifest."""
         src = change.source
         assert src is not None
         shown_src = f"{self.ev}/{src.path}"
-        previous_ids = list(self.old_manifest.sources.get(src.path, SourceEntry(
-            sha256=src.sha256)).units)
+        previous = self.old_manifest.previous_entry(src.path)
+        previous_ids = list(previous.units) if previous is not None else []
         request = proposal.request
         self.model_calls += 1
         if (request.source_file, request.source_sha256) != (src.path, src.sha256):
@@ -279,6 +296,7 @@ class BatchPlanner:
             if eid not in self.manifest.retirement_candidates:
                 self.manifest.retirement_candidates.append(eid)
             unit_ids.append(eid)
+        self._come_home(src.path, previous_ids)  # a restored source's orphans were previous
         self.manifest.sources[src.path] = SourceEntry(sha256=src.sha256, units=sorted(unit_ids))
         self._report(SourceReport(path=src.path, change=change.change, units=sorted(unit_ids),
                                   model_seconds=elapsed,

@@ -24,7 +24,7 @@ from evidence_pipeline.authoring.backends.base import (
     PreviousUnit,
 )
 from evidence_pipeline.authoring.backends.factory import make_backend
-from evidence_pipeline.authoring.manifest import Manifest, SourceEntry, empty_manifest
+from evidence_pipeline.authoring.manifest import Manifest, empty_manifest
 from evidence_pipeline.authoring.normalize import normalize_text
 from evidence_pipeline.authoring.planner import (
     BatchPlanner,
@@ -33,6 +33,7 @@ from evidence_pipeline.authoring.planner import (
     SourceProposal,
     SourceReport,
 )
+from evidence_pipeline.authoring.relink import bring_orphans_home, with_orphan_origins
 from evidence_pipeline.authoring.session import AuthoringSession, ExistingUnit
 from evidence_pipeline.authoring.sources import Change, SourceChange, compare, intake
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
@@ -164,16 +165,18 @@ def plan_prepare(session: AuthoringSession, *, upgrade: bool = False) -> Prepare
         Problem(e.code, Severity.error, session.shown(e.path) if e.path else None, None,
                 e.message) for e in intake_errors]
     problems.extend(session.unreadable)
-    manifest = session.manifest or empty_manifest()
-    changes = compare(sources, manifest, everything=upgrade)
+    manifest = with_orphan_origins(session.manifest or empty_manifest(), session.existing)
+    changes = bring_orphans_home(compare(sources, manifest, everything=upgrade), manifest)
     return PreparePlan(session, manifest, changes, problems)
 
 
 def model_request(plan: PreparePlan, change: SourceChange) -> ModelRequest:
-    """What the model sees for one changed source: normalized text and its previous units."""
+    """What the model sees for one changed source: normalized text and its previous units (a
+    source back at its path with other content: the orphans it had)."""
     src = change.source
     assert src is not None
-    previous_ids = plan.manifest.sources.get(src.path, SourceEntry(sha256=src.sha256)).units
+    entry = plan.manifest.previous_entry(src.path)
+    previous_ids = entry.units if entry is not None else []
     previous = tuple(
         PreviousUnit(id=eid, data=plan.existing[eid].doc.data(),
                      body=plan.existing[eid].doc.body)
@@ -188,7 +191,7 @@ def model_request(plan: PreparePlan, change: SourceChange) -> ModelRequest:
 def previous_source_text(plan: PreparePlan, change: SourceChange) -> str | None:
     """The normalized text the source had at the last prepare (found in Git by its recorded
     hash), so the model can tell what changed; None when Git no longer has it."""
-    entry = plan.manifest.sources.get(change.path)
+    entry = plan.manifest.previous_entry(change.path)
     if entry is None:
         return None
     raw = committed_bytes_with_sha256(plan.ws.root, plan.session.shown(change.path),
@@ -230,7 +233,7 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
     for change in plan.changes:
         if change.change in RESTRUCTURED:
             problems.extend(planner.restructure(change, propose(change)))
-        elif change.change is Change.renamed:
+        elif change.change in (Change.renamed, Change.restored):
             planner.rename(change)
         elif change.change is Change.removed:
             planner.remove(change)

@@ -1,19 +1,27 @@
-"""Relinking: which previous unit a proposed unit is, and a unit moved to another source.
+"""Relinking: which previous unit a proposed unit is, orphans that come home, and a unit moved
+to another source.
 
 The one policy for giving a previous unit back its id when a model rewrote it without one
-(:func:`relink_dropped_units`), applied by prepare to every backend's reply, and the one way a
-unit is pointed at another source (:func:`cite_source`: a renamed source, ``resolve --source``).
+(:func:`relink_dropped_units`), applied by prepare to every backend's reply; the one policy for
+orphans whose source is back (:func:`bring_orphans_home`, spec §6); and the one way a unit is
+pointed at another source (:func:`cite_source`: a renamed or restored source,
+``resolve --source``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest
 from evidence_pipeline.authoring.curated_writer import dump_curated
+from evidence_pipeline.authoring.manifest import Manifest, SourceEntry
 from evidence_pipeline.authoring.normalize import canonical
+from evidence_pipeline.authoring.sources import Change, SourceChange
 from evidence_runtime.curated import CuratedDocument, parse_curated
+
+if TYPE_CHECKING:
+    from evidence_pipeline.authoring.session import ExistingUnit
 
 Key = Callable[[dict[str, Any]], Any]
 
@@ -69,6 +77,63 @@ def relink_dropped_units(request: ModelRequest, reply: ModelReply) -> dict[int, 
             out[index] = (eids[0], criterion)
             del dropped[eids[0]], new[index]
     return out
+
+
+def with_orphan_origins(manifest: Manifest, existing: Mapping[str, ExistingUnit]) -> Manifest:
+    """A copy of ``manifest`` whose ``orphaned_sources`` also places the orphans it has no
+    origin for (made before the manifest recorded one) by their own provenance: the source
+    file and hash they were prepared from. A path that is a source again is left alone."""
+    out = Manifest.model_validate(manifest.to_data())
+    placed = {eid for entry in out.orphaned_sources.values() for eid in entry.units}
+    for eid in sorted(set(out.orphans) - placed):
+        item = existing.get(eid)
+        if item is None:
+            continue
+        prov = item.unit.provenance
+        if prov.source_file in out.sources:
+            continue
+        entry = out.orphaned_sources.setdefault(prov.source_file,
+                                                SourceEntry(sha256=prov.source_sha256))
+        if entry.sha256 == prov.source_sha256:
+            entry.units.append(eid)
+    return out
+
+
+def bring_orphans_home(changes: Iterable[SourceChange], manifest: Manifest
+                       ) -> list[SourceChange]:
+    """The changes with every orphan whose source is back brought home (spec §6).
+
+    A new source with exactly the hash a removed source had while its units are orphans takes
+    them back with the same ids and no model call: ``restored`` at the same path, ``renamed``
+    from it at another path (the hash matching exactly one such source and one new source, as
+    for any rename). A new source at such a path with other content stays ``new``: prepare
+    sends it to the model with those orphans as its previous units
+    (:meth:`Manifest.previous_entry`).
+    """
+    by_path = {c.path: c for c in changes}
+    orphaned: dict[str, SourceEntry] = {}
+    for path in manifest.orphaned_sources:
+        entry = manifest.previous_entry(path)
+        if entry is not None and path not in manifest.sources:
+            orphaned[path] = entry
+    new = [c for c in by_path.values() if c.change is Change.new and c.source is not None]
+    by_hash_orphaned: dict[str, list[str]] = {}
+    by_hash_new: dict[str, list[SourceChange]] = {}
+    for c in new:
+        assert c.source is not None
+        entry = orphaned.pop(c.path, None)
+        if entry is None:
+            by_hash_new.setdefault(c.source.sha256, []).append(c)
+        elif entry.sha256 == c.source.sha256:
+            by_path[c.path] = SourceChange(c.path, Change.restored, c.source)
+    for path, entry in orphaned.items():
+        by_hash_orphaned.setdefault(entry.sha256, []).append(path)
+    for sha, olds in by_hash_orphaned.items():
+        found = by_hash_new.get(sha, [])
+        if len(olds) == 1 and len(found) == 1:
+            c = found[0]
+            by_path[c.path] = SourceChange(c.path, Change.renamed, c.source, renamed_from=olds[0])
+    return [by_path[p] for p in sorted(by_path)]
 
 
 def copy_doc(doc: CuratedDocument, *, path: str | None = None) -> CuratedDocument:

@@ -40,6 +40,7 @@ class Change(StrEnum):
     new = "new"
     removed = "removed"
     renamed = "renamed"
+    restored = "restored"  # back at its path, unchanged, while its units are orphans
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
 
     out = stderr if as_json else stdout
     colours = {"unchanged": "dim", "changed": "yellow", "new": "green", "removed": "red",
-               "renamed": "cyan"}
+               "renamed": "cyan", "restored": "cyan"}
 
     def progress(report: SourceReport) -> None:
         timing = f"  model {report.model_seconds:.2f}s" if report.model_seconds is not None \
@@ -171,7 +171,7 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
     stdout.print(
         f"[bold]prepare[/]: {len(result.sources)} sources — "
         + ", ".join(f"{counts.get(k, 0)} {k}" for k in
-                    ("unchanged", "changed", "new", "renamed", "removed"))
+                    ("unchanged", "changed", "new", "renamed", "restored", "removed"))
         + f"; {result.model_calls} model call(s); {len(result.written)} file(s) written, "
           f"{len(result.deleted)} deleted; {result.review_items} review item(s)")
     if result.status == "unchanged":
