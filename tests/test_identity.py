@@ -19,9 +19,10 @@ from click.testing import CliRunner, Result
 from evidence_pipeline.authoring.ids import slugify
 from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
+from evidence_pipeline.demo import git
 from evidence_runtime.units import check_evidence_id
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted
-from tests.test_prepare import RICOVERO, commit, make_ws
+from tests.test_prepare import RICOVERO, commit, make_ws, status, tree_snapshot
 
 RICOVERO_EXCERPT = "Il ricovero (o degenza) è il periodo in cui il paziente occupa un posto letto."
 DEGENZA = "# Degenza\n\nLa degenza media si misura in giorni di ricovero.\n"
@@ -272,3 +273,35 @@ def test_a_source_restored_changed_sends_its_orphans_to_the_model(
     assert doc["orphans"] == [] and doc["retirement_candidates"] == []
     assert curated_ids(ws) == ["evidence:degenza-media", "evidence:ricovero"]
     assert validate(ws)["status"] == "publishable"
+
+
+# --- 5. a model failure stops prepare (§5.3) ----------------------------------------------------
+
+
+def test_the_first_model_failure_ends_the_batch(tmp_path: Path,
+                                                server: FakeOpenAIServer) -> None:
+    notes = {f"source/nota-{i}.md": f"# Nota {i}\n\nIl reparto {i} è chiuso.\n"
+             for i in range(1, 5)}
+    ws = openai_ws(tmp_path, server, notes, timeout_s=1)
+    server.add(answer(glossary("Reparto 1", "Il reparto 1 è chiuso.", term="reparto 1")).content)
+    server.add(status=500, raw_body='{"error": {"message": "boom"}}')
+    before = tree_snapshot(ws)
+    r = prepare(ws)
+    assert r.exit_code == 1, r.output
+    assert len(server.received) == 2  # nota-3 and nota-4 were never sent
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "failed" and doc["model_calls"] == 2
+    assert doc["not_attempted"] == ["source/nota-3.md", "source/nota-4.md"]
+    assert [(p["code"], p["path"]) for p in doc["problems"]] == [
+        ("model_http_error", "evidence/source/nota-2.md")]
+    assert tree_snapshot(ws) == before and status(ws) == ""
+    assert "Traceback" not in r.output
+
+    text = tht("evidence", "prepare", str(ws))
+    assert text.exit_code == 1
+    assert len(server.received) == 3  # the first call of this run fails: nothing else is sent
+    assert text.stderr.strip().splitlines()[-1] == (
+        "error: prepare refused: 1 problem(s); the work tree was not changed; the model "
+        "failed on source/nota-1.md, so 3 source(s) were not sent to it: source/nota-2.md, "
+        "source/nota-3.md, source/nota-4.md")
+    assert tree_snapshot(ws) == before and git(ws, "status", "--porcelain") == ""

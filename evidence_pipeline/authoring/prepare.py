@@ -61,15 +61,20 @@ RESTRUCTURED = frozenset({Change.changed, Change.new})
 
 
 class PrepareError(EvidenceError):
-    """The batch was refused; ``problems`` lists every problem found, nothing was written."""
+    """The batch was refused; ``problems`` lists every problem found, nothing was written.
+
+    ``not_attempted``: the changed sources never sent to the model because an earlier model
+    call failed (the first failure ends the batch, spec §5.3)."""
 
     code = "prepare_failed"
 
     def __init__(self, message: str, problems: Sequence[Problem], *,
-                 model_calls: int | None = None, **kw: Any) -> None:
+                 model_calls: int | None = None, not_attempted: Sequence[str] = (),
+                 **kw: Any) -> None:
         super().__init__(message, **kw)
         self.problems = list(problems)
         self.model_calls = model_calls  # calls made before the batch was refused, when known
+        self.not_attempted = list(not_attempted)
 
 
 class PrepareResult(BaseModel):
@@ -222,17 +227,30 @@ def _planner(plan: PreparePlan, progress: Progress | None) -> BatchPlanner:
 
 
 def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,
-               progress: Progress | None = None) -> PrepareResult:
+               progress: Progress | None = None,
+               stop_at_model_failure: bool = True) -> PrepareResult:
     """Take in every change in order (``propose`` answers for each changed source), check the
     whole batch and apply it all or nothing; raises :class:`PrepareError`, nothing written.
 
-    Call inside the plan's session.
+    The first model failure (timeout, process or HTTP error, invalid reply) ends the batch: no
+    later source is proposed, and the error names them (spec §5.3; a slow endpoint must not
+    cost one timeout per changed source). Problems in valid replies do not stop it: every one
+    is reported. ``stop_at_model_failure=False``: every proposal is taken in (the Dagster job,
+    whose model steps have all run already). Call inside the plan's session.
     """
     planner = _planner(plan, progress)
     problems = list(plan.problems)
+    failed: SourceProposal | None = None
+    not_attempted: list[str] = []
     for change in plan.changes:
         if change.change in RESTRUCTURED:
-            problems.extend(planner.restructure(change, propose(change)))
+            if failed is not None:
+                not_attempted.append(change.path)
+                continue
+            proposal = propose(change)
+            problems.extend(planner.restructure(change, proposal))
+            if proposal.failure is not None and stop_at_model_failure:
+                failed = proposal
         elif change.change in (Change.renamed, Change.restored):
             planner.rename(change)
         elif change.change is Change.removed:
@@ -243,9 +261,15 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
         problems.extend(planner.check_batch())
     errors = [p for p in problems if p.severity is Severity.error]
     if errors:
+        stopped = ""
+        if failed is not None and not_attempted:
+            listed = ", ".join(not_attempted[:10]) + (
+                f" and {len(not_attempted) - 10} more" if len(not_attempted) > 10 else "")
+            stopped = (f"; the model failed on {failed.path}, so {len(not_attempted)} "
+                       f"source(s) were not sent to it: {listed}")
         raise PrepareError(
-            f"prepare refused: {len(errors)} problem(s); the work tree was not changed",
-            sort_problems(errors), model_calls=planner.model_calls)
+            f"prepare refused: {len(errors)} problem(s); the work tree was not changed{stopped}",
+            sort_problems(errors), model_calls=planner.model_calls, not_attempted=not_attempted)
     batch, diff = planner.batch()
     plan.session.apply(batch)
     new_manifest = planner.manifest

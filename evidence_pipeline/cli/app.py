@@ -157,8 +157,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
         # --- end Dagster ----------------------------------------------------------------------
         result = run_prepare(workspace_root, backend=backend, upgrade=upgrade, progress=progress)
     except PrepareError as exc:
-        refuse(str(exc), exc.problems, {"status": "failed", "model_calls": exc.model_calls},
-               as_json=as_json)
+        refuse(str(exc), exc.problems, {"status": "failed", "model_calls": exc.model_calls,
+                                        "not_attempted": exc.not_attempted}, as_json=as_json)
         return
     if as_json:
         emit_json(result.model_dump(mode="json"))

@@ -255,7 +255,9 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
             raise EvidenceError("the sources or the manifest changed while prepare ran; "
                                 "nothing was written, run prepare again",
                                 path=str(ws.root), code="workspace_changed")
-        result = apply_plan(current, lambda change: by_path[change.path], progress=progress)
+        # the model steps have all run: every source's problem is reported
+        result = apply_plan(current, lambda change: by_path[change.path], progress=progress,
+                            stop_at_model_failure=False)
     result = result.model_copy(update={"recovered": recovered})
     for report in result.sources:
         if report.change in (Change.changed, Change.new) and is_source_key(report.path):
