@@ -28,6 +28,7 @@ from evidence_pipeline.validation.corpus import (
     corpus_files,
     symlinks_under,
 )
+from evidence_pipeline.validation.evaluation import evaluation_problems
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
 from evidence_pipeline.validation.rules import (
     check_corpus,
@@ -164,16 +165,22 @@ def oversized_problems(loaded: Iterable[LoadedUnit], max_chunk_chars: int, *,
 def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
                     ) -> tuple[ValidationReport, list[LoadedUnit]]:
     """The corpus of ``ws`` checked as publishing checks it: every rule, and fragments within
-    the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default (where
-    a file Git ignores is reported too: no commit will hold it), or a materialized revision's."""
+    the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default, where
+    more is reported before anything is committed or published: a file Git ignores (no commit
+    will hold it) and every problem of the evaluation set the gate will run (a curator fixes it
+    before merging); or a materialized revision's, where the gate itself judges the set and
+    explains each miss."""
+    shown_prefix = f"{ws.config.evidence.root}/"
     report, loaded = validate_evidence_dir(evidence_dir or ws.evidence_dir,
                                            patterns=ws.config.evidence.patterns,
-                                           shown_prefix=f"{ws.config.evidence.root}/",
+                                           shown_prefix=shown_prefix,
                                            max_chunk_chars=ws.config.embeddings.max_chunk_chars)
+    more: list[Problem] = []
     if evidence_dir is None:
-        ignored = ignored_problems(ws, [item.rel_path for item in loaded])
-        if ignored:
-            report = ValidationReport(units=report.units, problems=[*report.problems, *ignored])
+        more.extend(evaluation_problems(ws.evidence_dir, loaded, shown_prefix=shown_prefix))
+        more.extend(ignored_problems(ws, [item.rel_path for item in loaded]))
+    if more:
+        report = ValidationReport(units=report.units, problems=[*report.problems, *more])
     return report, loaded
 
 
