@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,7 +28,15 @@ from evidence_runtime.errors import (
     IndexUnavailableError,
     RegistryError,
 )
-from evidence_runtime.index import EvidenceIndex, Hit, IndexConfig, Match, QueryMode, open_index
+from evidence_runtime.index import (
+    Bm25Settings,
+    EvidenceIndex,
+    Hit,
+    IndexConfig,
+    Match,
+    QueryMode,
+    open_index,
+)
 from evidence_runtime.query import EvidenceSearchContext, render_query
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.units import EvidencePurpose
@@ -213,6 +221,20 @@ def missing_points(index: EvidenceIndex, workspace_id: str, generation: Generati
     return f"generation {generation.number} has no points in the index (lost or rebuilt)"
 
 
+def generation_bm25(generation: Generation, language: str) -> Bm25Settings:
+    """The BM25 settings ``generation``'s fragments were tokenized with (recorded by the
+    publisher in its config as ``bm25``), so that queries are tokenized the same way; a
+    generation recorded without them used the language's defaults."""
+    recorded: Any = generation.config.get("bm25")
+    if not isinstance(recorded, dict):
+        return Bm25Settings(language=str(generation.config.get("bm25_language") or language))
+    values = cast(dict[str, Any], recorded)
+    words: list[Any] = list(values.get("stopwords") or ())
+    return Bm25Settings(language=str(values.get("language") or language),
+                        avg_len=float(values.get("avg_len", Bm25Settings.avg_len)),
+                        stopwords=tuple(str(w) for w in words))
+
+
 def _excerpt(text: str) -> str:
     # the fragment text starts with the unit's labels (title, kind, applies_to): show the content
     _head, sep, content = text.partition("\n\n")
@@ -238,7 +260,8 @@ class EvidenceSearcher:
                  embedder: Embedder, registry_url: str | None = None,
                  index: EvidenceIndex | None = None, index_config: IndexConfig | None = None,
                  language: str = "italian", revisions_dir: Path | None = None,
-                 rrf_k: int = 60, prefetch_limit: int = 50) -> None:
+                 rrf_k: int = 60, prefetch_limit: int = 50,
+                 rrf_weights: tuple[float, float] | None = None) -> None:
         self.workspace_id = workspace_id
         self._registry = registry
         self._registry_url = registry_url
@@ -247,6 +270,7 @@ class EvidenceSearcher:
         self.revisions_dir = revisions_dir
         self.rrf_k = rrf_k
         self.prefetch_limit = prefetch_limit
+        self.rrf_weights = rrf_weights  # (dense, BM25); None: equal weights
         self._index = index
         self._owns_index = index is None
         self._owns_registry = False
@@ -276,6 +300,7 @@ class EvidenceSearcher:
             revisions_dir=ws.state_dir / "revisions",
             rrf_k=cfg.index.rrf_k,
             prefetch_limit=cfg.index.prefetch_limit,
+            rrf_weights=cfg.index.weights(),
         )
         searcher._owns_registry = registry is None
         return searcher
@@ -381,7 +406,9 @@ class EvidenceSearcher:
                                        purpose=purpose)
                 hits = index.query(dense=dense, text=text if mode != "dense" else None,
                                    match=match, limit=max(limit * 4, limit), mode=mode,
-                                   prefetch_limit=self.prefetch_limit, rrf_k=self.rrf_k)
+                                   prefetch_limit=self.prefetch_limit, rrf_k=self.rrf_k,
+                                   weights=self.rrf_weights,
+                                   bm25=generation_bm25(gen, self.language))
                 if not hits:  # nothing found: is it the question, or the points are gone?
                     lost = self._lost_points(index, gen, recount=True)
             if lost is not None:

@@ -67,8 +67,19 @@ class EmbeddingsSection(BaseModel):
     threads: int = Field(default=1, ge=1, le=64)
 
 
+class RrfWeights(BaseModel):
+    """Per-branch RRF weights (``index.rrf_weights``); equal weights are plain RRF."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dense: float = Field(default=1.0, gt=0)
+    bm25: float = Field(default=1.0, gt=0)
+
+
 class IndexSection(BaseModel):
-    """Where the index lives: an embedded Qdrant Edge shard or a Qdrant server collection."""
+    """Where the index lives: an embedded Qdrant Edge shard or a Qdrant server collection,
+    and how a search fuses its two branches (RRF ``rrf_k``, ``rrf_weights``, ``prefetch_limit``:
+    query-time settings, the same on both engines)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -79,7 +90,13 @@ class IndexSection(BaseModel):
     collection: str | None = None
     bm25: Literal["server", "client"] = "server"
     rrf_k: int = Field(default=60, ge=1)
+    rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
     prefetch_limit: int = Field(default=50, ge=1, le=1000)
+
+    def weights(self) -> tuple[float, float] | None:
+        """``(dense, bm25)`` for the fused request, or None for equal weights (plain RRF)."""
+        w = self.rrf_weights
+        return None if w.dense == w.bm25 else (w.dense, w.bm25)
 
 
 class ModelSection(BaseModel):

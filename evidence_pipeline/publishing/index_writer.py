@@ -31,7 +31,7 @@ from evidence_runtime.index import (
     Match,
     ServerIndex,
 )
-from evidence_runtime.index.base import as_floats, bm25_model
+from evidence_runtime.index.base import Bm25Settings, as_floats, bm25_model, cached_bm25
 from evidence_runtime.index.config import server_client
 from evidence_runtime.index.edge import EDGE_CONFIG_FILE, edge_filter, edge_open_error
 from evidence_runtime.index.edge import shard_exists as edge_shard_exists
@@ -89,8 +89,10 @@ class IndexWriter(EvidenceIndex, Protocol):
         """
         ...
 
-    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256) -> None:
-        """Insert or replace points (dense + BM25 from ``text``); durable on return."""
+    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256,
+               bm25: Bm25Settings | None = None) -> None:
+        """Insert or replace points (dense + BM25 from ``text``, tokenized with the
+        generation's ``bm25`` settings; None: the language's defaults); durable on return."""
         ...
 
     def delete(self, match: Match) -> None:
@@ -251,10 +253,11 @@ class EdgeIndexWriter(EdgeIndex):
                     )
             shard.flush()
 
-    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256) -> None:
+    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256,
+               bm25: Bm25Settings | None = None) -> None:
         shard = self._live()
         _check_batch(batch_size)
-        embed = self._bm25.embed_document
+        embed = cached_bm25(self._bm25_models, self._bm25, bm25).embed_document
         with self._engine("writing points"):
             for start in range(0, len(points), batch_size):
                 batch = [
@@ -286,10 +289,11 @@ class EdgeIndexWriter(EdgeIndex):
 class ServerIndexWriter(ServerIndex):
     """A server collection written by the publisher; see :class:`ServerIndex` for ``bm25``."""
 
-    def _doc_vector(self, text: str) -> Any:
+    def _doc_vector(self, text: str, settings: Bm25Settings | None = None) -> Any:
         if self.bm25 == "server":
-            return self._m.Document(text=text, model=BM25_MODEL, options=self._doc_options)
-        sv = self._bm25.embed_document(text)
+            options = self._doc_options if settings is None else settings.server_options()
+            return self._m.Document(text=text, model=BM25_MODEL, options=options)
+        sv = cached_bm25(self._bm25_models, self._bm25, settings).embed_document(text)
         return self._m.SparseVector(indices=sv.indices, values=sv.values)
 
     def ensure_schema(
@@ -343,7 +347,8 @@ class ServerIndexWriter(ServerIndex):
                             self.collection, field, field_schema=types[kind], wait=True
                         )
 
-    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256) -> None:
+    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256,
+               bm25: Bm25Settings | None = None) -> None:
         _check_batch(batch_size)
         m = self._m
         with self._engine("writing points"):
@@ -351,7 +356,8 @@ class ServerIndexWriter(ServerIndex):
                 batch = [
                     m.PointStruct(
                         id=p.id,
-                        vector={"": as_floats(p.dense), BM25_VECTOR: self._doc_vector(p.text)},
+                        vector={"": as_floats(p.dense),
+                                BM25_VECTOR: self._doc_vector(p.text, bm25)},
                         payload=p.payload,
                     )
                     for p in points[start : start + batch_size]

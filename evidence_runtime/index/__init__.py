@@ -9,6 +9,7 @@ engines share; ``edge`` and ``server`` one engine each; ``config`` where the ind
 from evidence_runtime.index.base import (
     BM25_MODEL,
     BM25_VECTOR,
+    Bm25Settings,
     EvidenceIndex,
     Hit,
     Match,
@@ -22,6 +23,7 @@ __all__ = [
     "BM25_MODEL",
     "BM25_VECTOR",
     "INDEX_ENGINES",
+    "Bm25Settings",
     "EdgeIndex",
     "EvidenceIndex",
     "Hit",

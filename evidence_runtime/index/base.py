@@ -25,6 +25,8 @@ from evidence_runtime.errors import ConfigError
 __all__ = [
     "BM25_MODEL",
     "BM25_VECTOR",
+    "DEFAULT_BM25_AVG_LEN",
+    "Bm25Settings",
     "EvidenceIndex",
     "Hit",
     "Match",
@@ -32,6 +34,7 @@ __all__ = [
     "Vector",
     "as_floats",
     "bm25_model",
+    "cached_bm25",
     "check_match",
     "check_query_args",
     "sorted_hits",
@@ -40,6 +43,9 @@ __all__ = [
 BM25_VECTOR = "bm25"
 BM25_MODEL = "qdrant/bm25"
 SCROLL_PAGE = 1024
+DEFAULT_BM25_AVG_LEN = 256.0  # qdrant/bm25's and Edge's default
+
+Weights = tuple[float, float]  # RRF weights of the (dense, BM25) prefetches
 
 Match = dict[str, str | int | bool | list[str] | list[int]]
 QueryMode = Literal["fused", "dense", "bm25"]
@@ -53,6 +59,50 @@ class Hit:
     id: str
     score: float
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Bm25Settings:
+    """How BM25 turns a text into tokens and weights them, for documents and queries alike.
+
+    A generation's fragments are tokenized with these settings when they are published, so a
+    search of that generation must use the same ones (the publisher records them with the
+    generation, see ``Generation.bm25``). ``avg_len`` is BM25's expected document length in
+    tokens (length normalization); ``stopwords`` are extra words ignored on top of the
+    language's own list. The same settings give Edge's ``Bm25Config`` and the server's
+    ``qdrant/bm25`` options (the two engines' JSON shapes are the same).
+    """
+
+    language: str = "italian"
+    avg_len: float = DEFAULT_BM25_AVG_LEN
+    stopwords: tuple[str, ...] = ()
+
+    def edge_config(self) -> qe.Bm25Config:
+        if not self.stopwords:
+            return qe.Bm25Config(language=self.language, avg_len=self.avg_len)
+        language = _stopword_language(self.language)
+        stop = qe.StopwordsSet(languages={language} if language is not None else None,
+                               custom=set(self.stopwords))
+        return qe.Bm25Config(language=self.language, avg_len=self.avg_len, stopwords=stop)
+
+    def server_options(self) -> dict[str, Any]:
+        """The ``options`` of a ``qdrant/bm25`` Document (only what differs from defaults)."""
+        options: dict[str, Any] = {"language": self.language}
+        if self.avg_len != DEFAULT_BM25_AVG_LEN:
+            options["avg_len"] = self.avg_len
+        if self.stopwords:
+            languages = [self.language] if _stopword_language(self.language) else []
+            options["stopwords"] = {"languages": languages, "custom": sorted(self.stopwords)}
+        return options
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"language": self.language, "avg_len": self.avg_len,
+                "stopwords": list(self.stopwords)}
+
+
+def _stopword_language(language: str) -> qe.Language | None:
+    """Edge's stop-word list of ``language`` (``italian`` → ``Language.Italian``), if any."""
+    return getattr(qe.Language, language.capitalize(), None)
 
 
 @runtime_checkable
@@ -77,12 +127,16 @@ class EvidenceIndex(Protocol):
         mode: QueryMode = "fused",
         prefetch_limit: int = 50,
         rrf_k: int = 60,
+        weights: Weights | None = None,
+        bm25: Bm25Settings | None = None,
     ) -> list[Hit]:
         """Search Evidence fragments.
 
         ``fused``: a dense prefetch on the default vector and a BM25 prefetch from ``text``, both
-        filtered by ``match``, fused by RRF with constant ``rrf_k``; ``dense`` / ``bm25``: one
-        branch alone (diagnostics). Hits come best first, ties broken by id.
+        filtered by ``match``, fused by RRF with constant ``rrf_k`` and the per-branch
+        ``weights`` (dense, BM25; None: equal); ``dense`` / ``bm25``: one branch alone
+        (diagnostics). ``bm25``: the tokenizer settings of the generation searched (None: the
+        index language's defaults). Hits come best first, ties broken by id.
         """
         ...
 
@@ -128,7 +182,8 @@ def sorted_hits(hits: list[Hit]) -> list[Hit]:
 
 
 def check_query_args(
-    mode: str, dense: Vector | None, text: str | None, limit: int
+    mode: str, dense: Vector | None, text: str | None, limit: int,
+    weights: Weights | None = None,
 ) -> None:
     if mode not in ("fused", "dense", "bm25"):
         raise ValueError(f"unknown query mode {mode!r}")
@@ -138,13 +193,29 @@ def check_query_args(
         raise ValueError(f"query mode {mode!r} needs the query text")
     if limit < 1:
         raise ValueError("limit must be at least 1")
+    if weights is not None and (len(weights) != 2 or any(w <= 0 for w in weights)):
+        raise ValueError(f"RRF weights are two positive numbers (dense, BM25), not {weights!r}")
 
 
-def bm25_model(language: str) -> qe.Bm25:
-    """Edge's BM25 embedder for ``language``; :class:`ConfigError` for an unknown language."""
+def cached_bm25(cache: dict[Bm25Settings, qe.Bm25], default: qe.Bm25,
+                settings: Bm25Settings | None) -> qe.Bm25:
+    """``default`` when ``settings`` is None, else the embedder of ``settings``, built once."""
+    if settings is None:
+        return default
+    model = cache.get(settings)
+    if model is None:
+        model = cache[settings] = bm25_model(settings)
+    return model
+
+
+def bm25_model(settings: str | Bm25Settings) -> qe.Bm25:
+    """Edge's BM25 embedder for a language (its defaults) or for full settings;
+    :class:`ConfigError` for an unknown language."""
+    if isinstance(settings, str):
+        settings = Bm25Settings(language=settings)
     try:
-        return qe.Bm25(qe.Bm25Config(language=language))
+        return qe.Bm25(settings.edge_config())
     except ValueError as exc:
         raise ConfigError(
-            f"BM25 cannot use language {language!r}: {exc}", field="language"
+            f"BM25 cannot use language {settings.language!r}: {exc}", field="language"
         ) from exc

@@ -23,12 +23,15 @@ from evidence_runtime.errors import (
 from evidence_runtime.index.base import (
     BM25_VECTOR,
     SCROLL_PAGE,
+    Bm25Settings,
     Hit,
     Match,
     QueryMode,
     Vector,
+    Weights,
     as_floats,
     bm25_model,
+    cached_bm25,
     check_match,
     check_query_args,
     sorted_hits,
@@ -85,6 +88,7 @@ class EdgeIndex:
         self._shard = shard
         self._closed = False
         self._bm25 = bm25  # built once: the per-query cost is only tokenizing the text
+        self._bm25_models: dict[Bm25Settings, qe.Bm25] = {}  # other generations' settings
 
     @classmethod
     def open(cls, path: Path | str, *, language: str = "italian") -> Self:
@@ -164,10 +168,13 @@ class EdgeIndex:
         mode: QueryMode = "fused",
         prefetch_limit: int = 50,
         rrf_k: int = 60,
+        weights: Weights | None = None,
+        bm25: Bm25Settings | None = None,
     ) -> list[Hit]:
-        check_query_args(mode, dense, text, limit)
+        check_query_args(mode, dense, text, limit, weights)
         shard = self._live()
         flt = edge_filter(match)
+        tokens = cached_bm25(self._bm25_models, self._bm25, bm25)
         if mode == "dense":
             assert dense is not None
             request = qe.QueryRequest(
@@ -178,7 +185,7 @@ class EdgeIndex:
             assert text is not None
             request = qe.QueryRequest(
                 limit=limit,
-                query=qe.Query.Nearest(self._bm25.embed_query(text), using=BM25_VECTOR),
+                query=qe.Query.Nearest(tokens.embed_query(text), using=BM25_VECTOR),
                 filter=flt,
                 with_payload=True,
             )
@@ -192,12 +199,13 @@ class EdgeIndex:
                     ),
                     qe.Prefetch(
                         limit=prefetch_limit,
-                        query=qe.Query.Nearest(self._bm25.embed_query(text), using=BM25_VECTOR),
+                        query=qe.Query.Nearest(tokens.embed_query(text), using=BM25_VECTOR),
                         filter=flt,
                     ),
                 ],
                 # the stubs leave Fusion.Rrf out of the query union; the engine takes it
-                query=qe.Fusion.Rrf(k=rrf_k),  # pyright: ignore[reportArgumentType]
+                query=qe.Fusion.Rrf(  # pyright: ignore[reportArgumentType]
+                    k=rrf_k, weights=list(weights) if weights is not None else None),
                 with_payload=True,
             )
         with self._engine("searching"):

@@ -18,18 +18,22 @@ from evidence_runtime.index.base import (
     BM25_MODEL,
     BM25_VECTOR,
     SCROLL_PAGE,
+    Bm25Settings,
     Hit,
     Match,
     QueryMode,
     Vector,
+    Weights,
     as_floats,
     bm25_model,
+    cached_bm25,
     check_match,
     check_query_args,
     sorted_hits,
 )
 
 if TYPE_CHECKING:
+    import qdrant_edge as qe
     from qdrant_client import QdrantClient, models
 
 __all__ = ["ServerIndex"]
@@ -62,6 +66,7 @@ class ServerIndex:
         self._m = models
         self._bm25 = bm25_model(language)  # also checks the language in server mode
         self._doc_options = {"language": language}
+        self._bm25_models: dict[Bm25Settings, qe.Bm25] = {}  # other generations' settings
 
     def __enter__(self) -> Self:
         return self
@@ -106,10 +111,14 @@ class ServerIndex:
         ]
         return m.Filter(must=must) if must else None
 
-    def _query_vector(self, text: str) -> models.Document | models.SparseVector:
+    def _query_vector(self, text: str, settings: Bm25Settings | None = None,
+                      ) -> models.Document | models.SparseVector:
+        """The BM25 query of ``text`` with a generation's ``settings`` (None: the language's
+        defaults): server-side inference with the same options, or Edge's embedder."""
         if self.bm25 == "server":
-            return self._m.Document(text=text, model=BM25_MODEL, options=self._doc_options)
-        sv = self._bm25.embed_query(text)
+            options = self._doc_options if settings is None else settings.server_options()
+            return self._m.Document(text=text, model=BM25_MODEL, options=options)
+        sv = cached_bm25(self._bm25_models, self._bm25, settings).embed_query(text)
         return self._m.SparseVector(indices=sv.indices, values=sv.values)
 
     def exists(self) -> bool:
@@ -153,8 +162,10 @@ class ServerIndex:
         mode: QueryMode = "fused",
         prefetch_limit: int = 50,
         rrf_k: int = 60,
+        weights: Weights | None = None,
+        bm25: Bm25Settings | None = None,
     ) -> list[Hit]:
-        check_query_args(mode, dense, text, limit)
+        check_query_args(mode, dense, text, limit, weights)
         m = self._m
         flt = self._filter(match)
         kwargs: dict[str, Any]
@@ -163,7 +174,7 @@ class ServerIndex:
             kwargs = {"query": as_floats(dense), "query_filter": flt}
         elif mode == "bm25":
             assert text is not None
-            kwargs = {"query": self._query_vector(text), "using": BM25_VECTOR,
+            kwargs = {"query": self._query_vector(text, bm25), "using": BM25_VECTOR,
                       "query_filter": flt}
         else:
             assert dense is not None and text is not None
@@ -171,13 +182,14 @@ class ServerIndex:
                 "prefetch": [
                     m.Prefetch(query=as_floats(dense), filter=flt, limit=prefetch_limit),
                     m.Prefetch(
-                        query=self._query_vector(text),
+                        query=self._query_vector(text, bm25),
                         using=BM25_VECTOR,
                         filter=flt,
                         limit=prefetch_limit,
                     ),
                 ],
-                "query": m.RrfQuery(rrf=m.Rrf(k=rrf_k)),
+                "query": m.RrfQuery(rrf=m.Rrf(
+                    k=rrf_k, weights=list(weights) if weights is not None else None)),
             }
         with self._engine("searching"):
             points = self.client.query_points(
