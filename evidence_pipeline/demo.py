@@ -6,7 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
+from evidence_runtime.workspace import STATE_DIR_NAME
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEMO_SOURCE = EXAMPLES / "psd"
@@ -15,17 +16,13 @@ GIT_IDENTITY = ("-c", "user.name=thoth demo", "-c", "user.email=demo@thoth.inval
                 "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main")
 
 
-class DemoError(EvidenceError):
-    code = "demo_error"
-
-
 def git(repo: Path, *args: str) -> str:
-    """Run git in ``repo`` with a fixed identity; :class:`DemoError` on failure."""
+    """Run git in ``repo`` with a fixed identity; ``demo_error`` on failure."""
     proc = subprocess.run(["git", *GIT_IDENTITY, *args], cwd=repo, capture_output=True,
                           text=True, check=False)
     if proc.returncode != 0:
-        raise DemoError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:300]}",
-                        path=str(repo))
+        raise EvidenceError(f"git {' '.join(args)} failed: {proc.stderr.strip()[:300]}",
+                            code=ErrorCode.demo_error, path=str(repo))
     return proc.stdout
 
 
@@ -33,14 +30,15 @@ def create_demo_repo(dest: Path, *, source: Path = DEMO_SOURCE, force: bool = Fa
     """Copy the demo files to ``dest`` and commit them as the first revision of a new repo."""
     dest = dest.resolve()
     if not source.is_dir():
-        raise DemoError("demo files not found (run from a checkout of thoth-evidence)",
-                        path=str(source))
+        raise EvidenceError("demo files not found (run from a checkout of thoth-evidence)",
+                            code=ErrorCode.demo_error, path=str(source))
     if dest.exists():
         if not force:
-            raise DemoError("destination exists (use --force to replace it)", path=str(dest))
+            raise EvidenceError("destination exists (use --force to replace it)",
+                                code=ErrorCode.demo_error, path=str(dest))
         shutil.rmtree(dest)
     shutil.copytree(source, dest)
-    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    (dest / ".gitignore").write_text(f"{STATE_DIR_NAME}/\n", encoding="utf-8")
     git(dest, "init", "-q")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "Demo workspace: sources, curated evidence, manifest")

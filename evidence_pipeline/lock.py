@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from evidence_pipeline.state import ensure_state_dir
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 
 AUTHORING_LOCK = "authoring.lock"
 
@@ -25,13 +25,9 @@ _held_guard = threading.Lock()
 
 
 class WorkspaceBusyError(EvidenceError):
-    code = "workspace_busy"
+    """Another command holds the lock; refused at once, nothing was changed."""
 
-
-class LockError(EvidenceError):
-    """The lock file cannot be created or opened (e.g. a read-only state directory)."""
-
-    code = "lock_unavailable"
+    code = ErrorCode.workspace_busy
 
 
 @contextmanager
@@ -70,7 +66,8 @@ def _take(path: Path, *, holder: str, busy: Callable[[str], Exception]) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise LockError(f"cannot open the lock file: {exc.strerror}", path=str(path)) from None
+        raise EvidenceError(f"cannot open the lock file: {exc.strerror}", path=str(path),
+                            code=ErrorCode.lock_unavailable) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -88,7 +85,7 @@ def _take(path: Path, *, holder: str, busy: Callable[[str], Exception]) -> int:
 @contextmanager
 def workspace_lock(state_dir: Path, *, what: str) -> Iterator[None]:
     """Hold the workspace's authoring lock or refuse at once with a clear message."""
-    ensure_state_dir(state_dir)  # StateDirError naming it when it cannot be written
+    ensure_state_dir(state_dir)  # state_dir_unwritable naming it when it cannot be written
 
     def busy(holder: str) -> WorkspaceBusyError:
         return WorkspaceBusyError(

@@ -110,10 +110,6 @@ class Block:
         return self.info.split(maxsplit=1)[0].lower() if self.info.strip() else ""
 
     @property
-    def is_sql(self) -> bool:
-        return self.kind is BlockKind.fence and self.lang in SQL_LANGS
-
-    @property
     def content(self) -> tuple[str, ...]:
         """A fence's content lines (verbatim, without the fence lines); other blocks: lines."""
         if self.kind is not BlockKind.fence:
@@ -184,10 +180,6 @@ def is_blank(line: str) -> bool:
 def item_text(line: str) -> str:
     """A list item's first line without its marker (``- ``, ``* ``, ``1. ``, ``1) ``)."""
     return _ITEM_MARKER.sub("", line, count=1)
-
-
-def is_item_start(line: str) -> bool:
-    return bool(_ITEM_MARKER.match(line))
 
 
 def front_matter_lines(text: str) -> int:

@@ -11,21 +11,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
+from evidence_runtime.workspace import STATE_DIR_NAME
 
-STATE_DIR_NAME = ".tht"
 GITIGNORE = "# Created by thoth-evidence: local state, never committed.\n*\n"
-
-
-class StateDirError(EvidenceError):
-    """The state directory cannot be created or written (read-only, a file in its place, …)."""
-
-    code = "state_dir_unwritable"
 
 
 def ensure_state_dir(path: Path) -> None:
     """Create the state directory (and its parents) if missing, with a ``.gitignore`` of ``*``;
-    :class:`StateDirError` naming it when that fails.
+    :class:`EvidenceError` ``state_dir_unwritable`` naming it when that fails
+    (read-only, a file in its place, …).
 
     The ``.gitignore`` is written in a directory created here, or in one named ``.tht`` (made by
     an older version); never in an existing directory that ``THT_STATE_DIR`` names, whose other
@@ -43,5 +38,6 @@ def ensure_state_dir(path: Path) -> None:
             os.replace(tmp, ignore)
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
-        raise StateDirError(f"cannot write the local state directory ({why}); make it a "
-                            "writable directory, or set THT_STATE_DIR", path=str(path)) from None
+        raise EvidenceError(f"cannot write the local state directory ({why}); make it a "
+                            "writable directory, or set THT_STATE_DIR", path=str(path),
+                            code=ErrorCode.state_dir_unwritable) from None

@@ -8,6 +8,7 @@ Importing this package never imports Dagster, the authoring pipeline, Git or a m
 from evidence_runtime.errors import (
     ConfigError,
     EmbedderError,
+    ErrorCode,
     EvidenceError,
     IndexError_,
     IndexLockedError,
@@ -55,6 +56,7 @@ __all__ = [
     "DocumentRef",
     "EmbedderError",
     "EmptyQueryError",
+    "ErrorCode",
     "EvidenceConstraints",
     "EvidenceError",
     "EvidenceKind",

@@ -11,7 +11,7 @@ The publisher's ``RegistryWriter`` (``evidence_pipeline.publishing.registry_writ
 the schema and makes every change, keeping the invariants listed there. A registry nobody has
 written to yet (no schema) reads as empty. Every fault reading it back, a damaged file or a
 stored value that is not what was written, is a :class:`RegistryError` (corrupt data:
-:class:`RegistryCorruptError`), never another exception.
+code ``registry_corrupt``), never another exception.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from evidence_runtime.errors import RegistryCorruptError, RegistryError, RegistryLockedError
+from evidence_runtime.errors import ErrorCode, RegistryError, RegistryLockedError
 
 __all__ = ["Generation", "GenerationStatus", "Registry"]
 
@@ -80,18 +80,18 @@ def _text(value: Any) -> str:
 
 
 def read_generation(row: Sequence[Any], location: str) -> Generation:
-    """A generation from its stored row; :class:`RegistryCorruptError` naming the column at
-    fault when the row is not what the registry writes."""
+    """A generation from its stored row; :class:`RegistryError` ``registry_corrupt`` naming the
+    column at fault when the row is not what the registry writes."""
     ws, number, revision, status, config, counts, evaluation, created, activated = row
 
     def read(column: str, parse: Callable[[Any], _T], value: Any) -> _T:
         try:
             return parse(value)
         except (ValueError, TypeError) as exc:  # JSONDecodeError and bad enum values included
-            raise RegistryCorruptError(
+            raise RegistryError(
                 f"the registry is corrupt: generation {number!r} of workspace {ws!r}: "
                 f"column {column} cannot be read back ({exc})",
-                path=location,
+                code=ErrorCode.registry_corrupt, path=location,
             ) from None
 
     return Generation(
@@ -166,9 +166,9 @@ class _SqliteAdapter(_Adapter):
         text = str(exc)
         primary = code & 0xFF if isinstance(code, int) else None  # extended codes keep it low
         if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-            return RegistryCorruptError(
+            return RegistryError(
                 f"cannot {action} the registry: the file is corrupt ({text})",
-                path=self.location,
+                code=ErrorCode.registry_corrupt, path=self.location,
             )
         if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text:
             return RegistryLockedError(
@@ -365,9 +365,9 @@ class Registry:
         try:
             return int(rows[0][0])
         except (ValueError, TypeError):
-            raise RegistryCorruptError(
+            raise RegistryError(
                 f"the registry is corrupt: schema version {rows[0][0]!r} is not a number",
-                path=self.location,
+                code=ErrorCode.registry_corrupt, path=self.location,
             ) from None
 
     def _check_version(self, found: int | None) -> None:
@@ -426,10 +426,10 @@ class Registry:
     def _revision(self, value: Any) -> str | None:
         if value is None or isinstance(value, str):
             return value
-        raise RegistryCorruptError(
+        raise RegistryError(
             f"the registry is corrupt: the activated revision is {type(value).__name__}, "
             "not text",
-            path=self.location,
+            code=ErrorCode.registry_corrupt, path=self.location,
         )
 
     def active_generation(self, workspace_id: str) -> Generation | None:

@@ -55,8 +55,6 @@ class EvidencePurpose(StrEnum):
     sql_generation = "sql_generation"
 
 
-KIND_ORDER: tuple[EvidenceKind, ...] = tuple(EvidenceKind)
-
 
 def _strict() -> ConfigDict:
     return ConfigDict(extra="forbid", str_strip_whitespace=False, validate_default=True)

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -21,6 +21,7 @@ from evidence_runtime.yamlio import load_rt, to_plain
 DESCRIPTOR = "thoth.yaml"
 WORKSPACE_ID_RE = re.compile(r"\A[A-Za-z0-9_.-]+\Z")
 STATE_ENV = "THT_STATE_DIR"
+STATE_DIR_NAME = ".tht"  # the local state directory in the work tree, unless $THT_STATE_DIR
 
 # BM25 languages (Qdrant's names) → the language code curated units carry.
 LANGUAGE_CODES = {
@@ -92,6 +93,11 @@ class IndexSection(BaseModel):
     rrf_k: int = Field(default=60, ge=1)
     rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
     prefetch_limit: int = Field(default=50, ge=1, le=1000)
+    # BM25 tokenization of a generation (recorded with it; searches of it reuse it): the
+    # expected fragment length in tokens, a number or "corpus" (the mean of the generation's
+    # own fragments), and extra stop words on top of the language's list
+    bm25_avg_len: Annotated[float, Field(gt=0)] | Literal["corpus"] = 256.0
+    bm25_stopwords: list[str] = Field(default_factory=list)
 
     def weights(self) -> tuple[float, float] | None:
         """``(dense, bm25)`` for the fused request, or None for equal weights (plain RRF)."""
@@ -167,7 +173,7 @@ class Workspace:
     @property
     def state_dir(self) -> Path:
         env = os.environ.get(STATE_ENV)
-        return Path(env) if env else self.root / ".tht"
+        return Path(env) if env else self.root / STATE_DIR_NAME
 
     @property
     def index_path(self) -> Path:

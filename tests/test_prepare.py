@@ -31,7 +31,7 @@ from evidence_pipeline.authoring.backends.base import (
 )
 from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
 from evidence_pipeline.authoring.prepare import PrepareError, prepare
-from evidence_pipeline.authoring.resolve import ResolveError, resolve
+from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
 from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
@@ -460,12 +460,13 @@ def test_lock_refuses_a_second_authoring_command(prepared) -> None:
 
 def test_resolve_needs_exactly_one_action(prepared) -> None:
     ws, _ = prepared
-    with pytest.raises(ResolveError):
-        resolve(ws, "evidence:ricovero")
-    with pytest.raises(ResolveError):
-        resolve(ws, "evidence:ricovero", retire=True, source="source/ricovero.md")
-    with pytest.raises(ResolveError, match="no curated unit"):
+    for kw in ({}, {"retire": True, "source": "source/ricovero.md"}):
+        with pytest.raises(EvidenceError, match="exactly one of") as info:
+            resolve(ws, "evidence:ricovero", **kw)
+        assert info.value.code == "resolve_failed"
+    with pytest.raises(EvidenceError, match="no curated unit") as info:
         resolve(ws, "evidence:inesistente", retire=True)
+    assert info.value.code == "resolve_failed"
     r = CliRunner().invoke(main, ["evidence", "resolve", "evidence:ricovero", "--retire",
                                   "--source", "source/x.md", "--workspace", str(ws)])
     assert r.exit_code == 2 and "mutually exclusive" in r.output

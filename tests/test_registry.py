@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
-from evidence_runtime.errors import RegistryCorruptError, RegistryError, RegistryLockedError
+from evidence_runtime.errors import RegistryError, RegistryLockedError
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 
 POSTGRES_URL = os.environ.get("THT_TEST_POSTGRES_URL")
@@ -199,7 +199,7 @@ def test_corrupt_stored_values_are_registry_corrupt(tmp_path: Path, sql: str, na
         published(writer)
     _corrupt(path, sql)
     with Registry.open(path) as reader:
-        with pytest.raises(RegistryCorruptError, match="corrupt") as exc:
+        with pytest.raises(RegistryError, match="corrupt") as exc:
             reader.active_state(WS)
             reader.generations(WS)
         assert exc.value.code == "registry_corrupt" and named in str(exc.value)
@@ -214,7 +214,7 @@ def test_a_truncated_registry_file_is_registry_corrupt(tmp_path: Path, keep: flo
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)] if keep else b"\x00" * 100)
     for opener in (Registry.open, RegistryWriter.open):
-        with pytest.raises(RegistryCorruptError, match="corrupt") as exc, opener(path) as reg:
+        with pytest.raises(RegistryError, match="corrupt") as exc, opener(path) as reg:
             reg.active_state(WS)
         assert exc.value.code == "registry_corrupt"
 

@@ -9,7 +9,7 @@ renamed away in one atomic step (``<name>.applied``) and only then deleted.
 - A crash before the commit point leaves the tree untouched; the next run discards the staging.
 - A crash after it is rolled forward by the next run (:func:`recover`), but only over files that
   are still exactly as they were when the batch was staged. A file changed since (a curator's
-  uncommitted edit) stops recovery with :class:`RecoveryConflictError`, naming the file and
+  uncommitted edit) stops recovery with ``recovery_conflict``, naming the file and
   keeping both the edit and the batch, until :func:`finish` or :func:`drop` settles it
   (``tht evidence recover``).
 - A crash during the cleanup leaves ``<name>.applied``: the batch is applied, and the next run
@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
+from evidence_runtime.workspace import STATE_DIR_NAME
 
 STAGING = "staging"
 PLAN = "plan.json"
@@ -41,30 +42,19 @@ CONFLICTS = "conflicts"  # <state>/conflicts/<batch>/<path>: edits set aside by 
 
 # Test hook: called with a step name at each step of the apply (fault injection).
 _STEP_HOOK: Callable[[str], None] | None = None
-# The steps, in order; ``THT_FAULT_APPLY_STEP=<step>`` kills the process (-9) there.
-STEPS = ("stage_file", "before_commit", "after_commit", "swap_file", "delete_file",
-         "before_cleanup", "during_cleanup")
+# ``THT_FAULT_APPLY_STEP=<step>`` kills the process (-9) there; the steps, in order:
+# stage_file, before_commit, after_commit, swap_file, delete_file, before_cleanup, during_cleanup
 
 
-class ApplyError(EvidenceError):
-    code = "apply_failed"
-
-
-class RecoveryConflictError(ApplyError):
+def recovery_conflict(root: Path, batch: str, paths: list[str]) -> EvidenceError:
     """A staged batch would replace files changed since it was staged; nothing was changed."""
-
-    code = "recovery_conflict"
-
-    def __init__(self, root: Path, batch: str, paths: list[str]) -> None:
-        more = f" (and {len(paths) - 1} more: {', '.join(paths[1:])})" if len(paths) > 1 else ""
-        super().__init__(
-            f"changed since the interrupted batch {batch} was staged{more}; nothing was "
-            f"changed, the edit and the batch are both kept. Keep the edit and drop the batch "
-            f"with `tht evidence recover {root} --drop`, or apply the batch over it with "
-            f"`tht evidence recover {root} --finish` (the edited file is first copied to "
-            f".tht/{CONFLICTS}/{batch}/)", path=paths[0])
-        self.batch = batch
-        self.paths = paths
+    more = f" (and {len(paths) - 1} more: {', '.join(paths[1:])})" if len(paths) > 1 else ""
+    return EvidenceError(
+        f"changed since the interrupted batch {batch} was staged{more}; nothing was "
+        f"changed, the edit and the batch are both kept. Keep the edit and drop the batch "
+        f"with `tht evidence recover {root} --drop`, or apply the batch over it with "
+        f"`tht evidence recover {root} --finish` (the edited file is first copied to "
+        f"{STATE_DIR_NAME}/{CONFLICTS}/{batch}/)", code=ErrorCode.recovery_conflict, path=paths[0])
 
 
 @dataclass
@@ -224,7 +214,7 @@ def inspect(root: Path, local_dir: Path) -> list[PendingBatch]:
 def recover(root: Path, local_dir: Path) -> list[str]:
     """Finish committed batches, discard uncommitted ones; returns what was done, per batch.
 
-    Raises :class:`RecoveryConflictError` (and changes nothing of that batch) when a committed
+    Raises ``recovery_conflict`` (and changes nothing of that batch) when a committed
     batch would replace a file changed since it was staged.
     """
     done: list[str] = []
@@ -298,7 +288,8 @@ def apply_batch(root: Path, local_dir: Path, batch: Batch, *, name: str) -> None
         return
     for rel in [*batch.writes, *batch.deletes]:
         if rel.startswith("/") or ".." in Path(rel).parts:
-            raise ApplyError("refusing to write outside the workspace", path=rel)
+            raise EvidenceError("refusing to write outside the workspace", path=rel,
+                                code=ErrorCode.apply_failed)
     batch_dir = staging_root(local_dir) / name
     if batch_dir.exists():
         shutil.rmtree(batch_dir)
@@ -330,8 +321,8 @@ def apply_batch(root: Path, local_dir: Path, batch: Batch, *, name: str) -> None
         os.replace(marker_tmp, batch_dir / COMMITTED)
     except OSError as exc:
         shutil.rmtree(batch_dir, ignore_errors=True)
-        raise ApplyError(f"cannot stage the batch ({exc.strerror}); nothing was changed",
-                         path=str(batch_dir)) from None
+        raise EvidenceError(f"cannot stage the batch ({exc.strerror}); nothing was changed",
+                            code=ErrorCode.apply_failed, path=str(batch_dir)) from None
     _fsync_dir(batch_dir)
     _step("after_commit")
     _apply_plan(root, batch_dir)
@@ -341,12 +332,12 @@ def apply_batch(root: Path, local_dir: Path, batch: Batch, *, name: str) -> None
 
 def _apply_plan(root: Path, batch_dir: Path, *, force: bool = False) -> None:
     """Idempotent roll-forward of a committed plan; first, unless ``force``, refuse with
-    :class:`RecoveryConflictError` if any file it has still to replace changed since staging."""
+    ``recovery_conflict`` if any file it has still to replace changed since staging."""
     ops = _plan(batch_dir)
     if not force:
         conflicts = _conflicts(root, batch_dir, ops)
         if conflicts:
-            raise RecoveryConflictError(root, batch_dir.name, conflicts)
+            raise recovery_conflict(root, batch_dir.name, conflicts)
     touched_dirs: set[Path] = set()
     for op in ops:
         target = root / op["path"]

@@ -22,13 +22,13 @@ from evidence_pipeline.authoring.manifest import (
 from evidence_pipeline.authoring.relink import cite_source
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import SourceError, read_source
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.units import check_evidence_id
 from evidence_runtime.workspace import load_workspace
 
 
-class ResolveError(EvidenceError):
-    code = "resolve_failed"
+def _refused(message: str, **where: str | None) -> EvidenceError:
+    return EvidenceError(message, code=ErrorCode.resolve_failed, **where)
 
 
 class ResolveResult(BaseModel):
@@ -50,22 +50,22 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
     is reviewed before another is made.
     """
     if retire == (source is not None):
-        raise ResolveError("give exactly one of --retire or --source", evidence_id=evidence_id)
+        raise _refused("give exactly one of --retire or --source", evidence_id=evidence_id)
     try:
         check_evidence_id(evidence_id)
     except ValueError as exc:
-        raise ResolveError(str(exc), evidence_id=evidence_id, field="id") from None
+        raise _refused(str(exc), evidence_id=evidence_id, field="id") from None
     ws = load_workspace(root)
     with AuthoringSession.open(ws, what="resolve") as session:
         session.refuse_if_rolled_forward()
         session.load()
         manifest_rel = session.shown(MANIFEST_NAME)
         if session.manifest is None:
-            raise ResolveError("manifest.yaml is missing; run prepare first", path=manifest_rel)
+            raise _refused("manifest.yaml is missing; run prepare first", path=manifest_rel)
         manifest = session.manifest_or_empty()
         item = session.existing.get(evidence_id)
         if item is None:
-            raise ResolveError("no curated unit has this id", evidence_id=evidence_id)
+            raise _refused("no curated unit has this id", evidence_id=evidence_id)
         unit_rel = session.shown(item.rel_path)
         for entry in manifest.sources.values():
             if evidence_id in entry.units:
@@ -84,12 +84,12 @@ def resolve(root: Path, evidence_id: str, *, retire: bool = False,
             try:
                 src = read_source(ws.evidence_dir, rel)
             except SourceError as exc:
-                raise ResolveError(exc.message, path=session.shown(rel), evidence_id=evidence_id,
-                                   field="provenance.source_file") from None
+                raise _refused(exc.message, path=session.shown(rel), evidence_id=evidence_id,
+                               field="provenance.source_file") from None
             entry = manifest.sources.get(rel)
             if entry is not None and entry.sha256 != src.sha256:
-                raise ResolveError("this source changed since the last prepare; run prepare "
-                                   "first", path=session.shown(rel), evidence_id=evidence_id)
+                raise _refused("this source changed since the last prepare; run prepare "
+                               "first", path=session.shown(rel), evidence_id=evidence_id)
             if entry is None:
                 entry = manifest.sources[rel] = SourceEntry(sha256=src.sha256, units=[])
             entry.units.append(evidence_id)
@@ -111,5 +111,5 @@ def _source_rel(source: str, ev: str) -> str:
     if rel.startswith(f"{ev}/"):
         rel = rel[len(ev) + 1:]
     if not rel.startswith("source/"):
-        raise ResolveError("--source must name a file under evidence/source/", path=source)
+        raise _refused("--source must name a file under evidence/source/", path=source)
     return rel

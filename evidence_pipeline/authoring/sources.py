@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -214,7 +213,3 @@ def compare(sources: dict[str, Source], manifest: Manifest,
         if p not in renamed_old:
             changes[p] = SourceChange(p, Change.removed, None)
     return [changes[p] for p in sorted(changes)]
-
-
-def changed_only(changes: Iterable[SourceChange]) -> list[SourceChange]:
-    return [c for c in changes if c.change in {Change.changed, Change.new}]

@@ -8,16 +8,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evidence_runtime.curated import decode_text
-from evidence_runtime.errors import EvidenceError, UnitFormatError
+from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError
 from evidence_runtime.query import EvidenceSearchContext
 from evidence_runtime.units import EvidencePurpose, check_evidence_id
 from evidence_runtime.yamlio import load_rt, to_plain
 
 EVALUATION_NAME = "evaluation.yaml"
-
-
-class EvaluationFileError(EvidenceError):
-    code = "evaluation_malformed"
+MALFORMED = ErrorCode.evaluation_malformed
 
 
 class Profile(StrEnum):
@@ -61,19 +58,20 @@ class EvaluationSet(BaseModel):
 
 
 def read_evaluation(evidence_dir: Path, *, shown: str | None = None) -> EvaluationSet:
-    """Read ``evaluation.yaml``; :class:`EvaluationFileError` names the query and field."""
+    """Read ``evaluation.yaml``; :class:`EvidenceError` ``evaluation_malformed`` names
+    the query and field."""
     file = evidence_dir / EVALUATION_NAME
     shown = shown or str(file)
     if not file.is_file():
-        raise EvaluationFileError("evaluation.yaml is missing", path=shown)
+        raise EvidenceError("evaluation.yaml is missing", path=shown, code=MALFORMED)
     try:
         data = to_plain(load_rt(decode_text(file.read_bytes(), path=shown), path=shown))
     except UnitFormatError as exc:
-        raise EvaluationFileError(exc.message, path=shown) from None
+        raise EvidenceError(exc.message, path=shown, code=MALFORMED) from None
     try:
         return EvaluationSet.model_validate(data)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise EvaluationFileError(err["msg"].removeprefix("Value error, "), path=shown,
-                                  field=field) from None
+        raise EvidenceError(err["msg"].removeprefix("Value error, "), path=shown,
+                            field=field, code=MALFORMED) from None

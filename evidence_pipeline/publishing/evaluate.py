@@ -35,7 +35,7 @@ from evidence_pipeline.gitrepo import materialize_revision
 from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.validator import load_units
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.index import Match
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
 from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome, build_match
@@ -45,10 +45,6 @@ from evidence_runtime.workspace import Workspace
 RANK_DEPTH = 50
 GATE_K = 10
 MODES = ("dense", "bm25", "fused")
-
-
-class EvaluationUnavailable(EvidenceError):
-    code = "evaluation_unavailable"
 
 
 class _Record(BaseModel):
@@ -193,9 +189,9 @@ def _ranks(outcome: EvidenceSearchOutcome) -> dict[str, int]:
     return {eid: i + 1 for i, eid in enumerate(outcome.evidence_ids)}
 
 
-def _unavailable(outcome: EvidenceSearchOutcome) -> EvaluationUnavailable:
-    return EvaluationUnavailable(f"search unavailable ({outcome.code}): {outcome.message}",
-                                 code=f"evaluation_unavailable_{outcome.code}")
+def _unavailable(outcome: EvidenceSearchOutcome) -> EvidenceError:
+    return EvidenceError(f"search unavailable ({outcome.code}): {outcome.message}",
+                         code=f"{ErrorCode.evaluation_unavailable}_{outcome.code}")
 
 
 # constraint name in evaluation.yaml → payload field of a fragment
@@ -238,8 +234,8 @@ def explain_miss(searcher: EvidenceSearcher, q: EvalQuery, evidence_id: str, ran
                     for name in excluding}
             return ConstraintFiltered(constraint=excluding, unit=unit)
     except EvidenceError as exc:  # a fault is never reported as a reason
-        raise EvaluationUnavailable(f"cannot explain a miss of {q.id}: {exc}",
-                                    code=f"evaluation_unavailable_{exc.code}") from exc
+        raise EvidenceError(f"cannot explain a miss of {q.id}: {exc}",
+                            code=f"{ErrorCode.evaluation_unavailable}_{exc.code}") from exc
     return RankedLow(dense=ranks.dense, bm25=ranks.bm25, fused=ranks.fused)
 
 
@@ -266,7 +262,7 @@ def _query(searcher: EvidenceSearcher, q: EvalQuery, generation: int | None,
 
 def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: dict[str, str],
              generation: int | None = None) -> EvaluationReport:
-    """Evaluate ``generation`` (default: the active one); raises :class:`EvaluationUnavailable`
+    """Evaluate ``generation`` (default: the active one); raises ``evaluation_unavailable_<reason>``
     when the search is unavailable (a fault is never scored as a miss)."""
     rows: list[QueryResult] = []
     gen_number: int | None = None
@@ -313,7 +309,7 @@ def revision_evidence_dir(ws: Workspace, revision: str) -> Path:
         tree = materialize_revision(ws.root, revision, ws.state_dir / "revisions" / revision)
     except OSError as exc:  # e.g. a full disk; the partial copy was removed
         raise EvidenceError(f"cannot materialize revision {revision[:12]}: "
-                            f"{exc.strerror or exc}", code="materialize_failed",
+                            f"{exc.strerror or exc}", code=ErrorCode.materialize_failed,
                             path=str(ws.state_dir / "revisions")) from None
     return tree / ws.config.evidence.root
 
@@ -332,7 +328,7 @@ def evaluate_generation(ws: Workspace, searcher: EvidenceSearcher, *,
     active one) with the evaluation.yaml of the revision it was built from, and compare it
     with the saved baseline.
 
-    Raises :class:`EvaluationUnavailable` when the generation cannot be searched (none active,
+    Raises ``evaluation_unavailable_<reason>`` when the generation cannot be searched (none active,
     unknown, or not serving the activated revision).
     """
     state = searcher.resolve_generation(generation)
@@ -376,7 +372,7 @@ def compare_with_baseline(report: EvaluationReport, baseline_file: Path) -> list
     except (OSError, ValidationError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not an evaluation report"
         raise EvidenceError(f"cannot read the baseline: {why}", path=str(baseline_file),
-                            code="baseline_unreadable") from None
+                            code=ErrorCode.baseline_unreadable) from None
     before = {q.id for q in base.queries if q.hit_at_10}
     now = {q.id for q in report.queries if q.hit_at_10}
     return sorted(before - now)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 
 from evidence_pipeline.state import ensure_state_dir
 from evidence_runtime.embeddings import make_embedder
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.index import EvidenceIndex, open_index
 from evidence_runtime.search import RECORD_KIND, index_config
 from evidence_runtime.workspace import Workspace
@@ -39,14 +39,7 @@ SAMPLE_SIZE = 20
 PROBES = 3  # fixed dense searches per record type
 PROBE_LIMIT = 10
 PROBE_SEED = 16  # spec §16
-
-
-class SharedRecordsError(EvidenceError):
-    code = "shared_records_unavailable"
-
-
-class NoSnapshotError(SharedRecordsError):
-    code = "shared_records_no_snapshot"
+UNAVAILABLE = ErrorCode.shared_records_unavailable
 
 
 class RecordType(BaseModel):
@@ -199,36 +192,38 @@ def save(ws: Workspace) -> Snapshot:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        raise SharedRecordsError(f"cannot write the snapshot: {exc.strerror or exc}",
-                                 path=str(path)) from None
+        raise EvidenceError(f"cannot write the snapshot: {exc.strerror or exc}",
+                            code=UNAVAILABLE, path=str(path)) from None
     return snap
 
 
 def saved(ws: Workspace) -> Snapshot | None:
-    """The saved snapshot, or None when none was saved; :class:`SharedRecordsError` when the
-    file cannot be read."""
+    """The saved snapshot, or None when none was saved; ``shared_records_unavailable`` when
+    the file cannot be read."""
     path = snapshot_path(ws)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise SharedRecordsError(f"cannot read the snapshot: {exc.strerror}",
-                                 path=str(path)) from None
+        raise EvidenceError(f"cannot read the snapshot: {exc.strerror}",
+                            code=UNAVAILABLE, path=str(path)) from None
     try:
         return Snapshot.model_validate_json(text)
     except ValidationError as exc:
-        raise SharedRecordsError(f"the snapshot is not readable: {exc.errors()[0]['msg']}",
-                                 path=str(path)) from None
+        raise EvidenceError(f"the snapshot is not readable: {exc.errors()[0]['msg']}",
+                            code=UNAVAILABLE, path=str(path)) from None
 
 
 def compare(ws: Workspace) -> Comparison:
-    """The saved snapshot against the collection now; :class:`NoSnapshotError` without one."""
+    """The saved snapshot against the collection now; ``shared_records_no_snapshot``
+    without one."""
     before = saved(ws)
     if before is None:
-        raise NoSnapshotError("no snapshot of the shared records was saved; run "
-                              "`tht workspace shared-records <root> --save` first",
-                              path=str(snapshot_path(ws)))
+        raise EvidenceError("no snapshot of the shared records was saved; run "
+                            "`tht workspace shared-records <root> --save` first",
+                            code=ErrorCode.shared_records_no_snapshot,
+                            path=str(snapshot_path(ws)))
     index, dim, where = _reading(ws)
     with contextlib.closing(index):
         return compare_with(before, index, dense_dim=dim, where=where)

@@ -29,7 +29,6 @@ KEY_FIELD: dict[EvidenceKind, str] = {
 UNCERTAIN = "structural_classification_uncertain"
 AMBIGUOUS = "ambiguous_source_statement"
 FIELD_UNCERTAIN = "structural_field_uncertain"
-TOO_LARGE = "atomic_content_too_large"
 LEFT_OUT = "structural_block_left_out"
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from evidence_pipeline.authoring.backends.structural.cues import AMBIGUITY
-from evidence_pipeline.authoring.backends.structural.draft import AMBIGUOUS, TOO_LARGE, Draft, K
+from evidence_pipeline.authoring.backends.structural.draft import AMBIGUOUS, Draft, K
 from evidence_pipeline.authoring.backends.structural.roles import Piece
 from evidence_pipeline.authoring.backends.structural.text import URL
 from evidence_pipeline.authoring.normalize import canonical
+from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE
 
 
 def flag_ambiguity(piece: Piece, draft: Draft) -> None:
@@ -54,5 +55,5 @@ def check_sizes(draft: Draft, limit: int) -> None:
         else:
             values = [value]
         if any(isinstance(v, str) and len(v) > limit for v in values):
-            draft.flag(TOO_LARGE, f"An atomic element is longer than max_chunk_chars "
+            draft.flag(ATOMIC_TOO_LARGE, f"An atomic element is longer than max_chunk_chars "
                        f"({limit}); it is kept whole.", f"{draft.kind.value}.{name}")
