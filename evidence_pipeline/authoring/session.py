@@ -29,7 +29,7 @@ from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.problems import Problem
 from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.curated import CuratedDocument
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.units import ID_PREFIX, UnitBase
 from evidence_runtime.workspace import Workspace
 
@@ -75,12 +75,6 @@ def load_existing(ws: Workspace) -> tuple[dict[str, ExistingUnit], list[Problem]
     return out, [p for p in problems if p.path in unreadable]
 
 
-class InterruptedApplyRecovered(EvidenceError):
-    """An interrupted apply was completed first: the command did not run its own change."""
-
-    code = "interrupted_apply_recovered"
-
-
 @dataclass
 class AuthoringSession:
     """One authoring command holding the workspace lock; see the module docstring.
@@ -123,12 +117,14 @@ class AuthoringSession:
         return f"{self.ev}/{rel}"
 
     def refuse_if_rolled_forward(self) -> None:
-        """For a command whose change cannot simply follow a roll-forward: stop, say so."""
+        """For a command whose change cannot simply follow a roll-forward: stop, say so
+        (``interrupted_apply_recovered``: the command did not run its own change)."""
         if self.rolled_forward:
-            raise InterruptedApplyRecovered(
+            raise EvidenceError(
                 f"{self.what} did not run: an interrupted apply was completed first "
                 f"({'; '.join(self.recovered)}); review it with git diff, commit it, then run "
-                f"{self.what} again", path=str(self.ws.root))
+                f"{self.what} again", code=ErrorCode.interrupted_apply_recovered,
+                path=str(self.ws.root))
 
     def load(self, *, clean: Sequence[str] | None = CURATED_AND_MANIFEST,
              upgrade: bool = False) -> None:
@@ -179,6 +175,6 @@ class AuthoringSession:
                                               if len(dirty) > 10 else "")
             raise EvidenceError(f"{self.what} refused: {len(dirty)} file(s) changed while it "
                                 f"ran: {listed}; nothing was written, run {self.what} again",
-                                path=str(self.ws.root), code="workspace_changed")
+                                path=str(self.ws.root), code=ErrorCode.workspace_changed)
         apply_batch(self.ws.root, authoring_dir(self.ws), batch,
                     name=f"{self.what.split()[0]}-{time.time_ns()}")
