@@ -80,13 +80,20 @@ def schema_problems(exc: ValidationError, *, path: str | None,
     return out
 
 
-def check_formula_sql(sql: str) -> tuple[str, str] | None:
-    """A formula is exactly one composable PostgreSQL expression: (code, message) or None."""
+def _parse_postgres(sql: str) -> list[exp.Expression] | str:
+    """The statements of ``sql``, or why it does not parse (its first line)."""
     try:
-        statements = [s for s in sqlglot.parse(sql, read="postgres") if s is not None]
+        return [s for s in sqlglot.parse(sql, read="postgres") if s is not None]
     except sqlglot.errors.SqlglotError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return "formula_sql_invalid", f"SQL does not parse (postgres): {first}"
+        return f"SQL does not parse (postgres): {first}"
+
+
+def check_formula_sql(sql: str) -> tuple[str, str] | None:
+    """A formula is exactly one composable PostgreSQL expression: (code, message) or None."""
+    statements = _parse_postgres(sql)
+    if isinstance(statements, str):
+        return "formula_sql_invalid", statements
     if len(statements) != 1:
         return ("formula_multiple_statements",
                 f"holds {len(statements)} statements; a formula is one expression")
@@ -104,11 +111,9 @@ def check_formula_sql(sql: str) -> tuple[str, str] | None:
 
 def check_example_sql(sql: str) -> tuple[str, str] | None:
     """An example's SQL is one full query (SELECT / WITH / set operation) that parses."""
-    try:
-        statements = [s for s in sqlglot.parse(sql, read="postgres") if s is not None]
-    except sqlglot.errors.SqlglotError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return "example_sql_invalid", f"SQL does not parse (postgres): {first}"
+    statements = _parse_postgres(sql)
+    if isinstance(statements, str):
+        return "example_sql_invalid", statements
     if len(statements) != 1 or not isinstance(statements[0], exp.Query):
         return "example_sql_invalid", "must be exactly one query (SELECT or WITH … SELECT)"
     if statements[0].find(exp.DML, exp.DDL, exp.Into):  # SELECT … INTO creates a table
