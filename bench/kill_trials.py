@@ -290,6 +290,18 @@ class Checker:
             return [*active, -1]  # the pointer disagrees with the statuses
         return active
 
+    def serving(self, ws: Path, when: str, problems: list[str]) -> int | None:
+        """The one active generation when it answers ``search()``; else None, and the
+        problem said in ``problems``."""
+        active = self.active(ws)
+        available, generation, why = self.search(ws)
+        if len(active) != 1:
+            problems.append(f"{when}: active generations {active}")
+        if not available or [generation] != active[:1]:
+            problems.append(f"{when}: search {why or generation}")
+            return None
+        return generation if len(active) == 1 else None
+
     def search(self, ws: Path) -> tuple[bool, int | None, str]:
         from evidence_runtime.search import EvidenceSearcher
 
@@ -348,14 +360,10 @@ def preprocess_trial(n: int, rng: random.Random, template: Path, before: dict[st
     killed = proc.kill()
     trial = Trial(n, killed, "", True, tracebacks=tracebacks(proc.stderr))
     problems: list[str] = []
-    active = checker.active(ws)
-    available, generation, why = checker.search(ws)
-    if len(active) != 1:
-        problems.append(f"after the kill: active generations {active}")
-    if not available or [generation] != active[:1]:
+    active = checker.serving(ws, "after the kill", problems)
+    if active is None:
         trial.bytes_lost += corpus
-        problems.append(f"after the kill: search {why or generation}")
-    state = "new generation active" if active and active[0] > 1 else "previous generation active"
+    state = "new generation active" if active and active > 1 else "previous generation active"
     t0 = time.monotonic()
     again = run("workspace", "preprocess", "evidence", str(ws), "--json")
     if again.returncode == 0:
@@ -367,13 +375,8 @@ def preprocess_trial(n: int, rng: random.Random, template: Path, before: dict[st
         doc = json.loads(again.stdout)
         if not doc.get("activated"):
             problems.append(f"next run did not activate: {again.stdout[-300:]}")
-    active_after = checker.active(ws)
-    available, generation, why = checker.search(ws)
-    if len(active_after) != 1:
-        problems.append(f"after the next run: active generations {active_after}")
-    if not available or [generation] != active_after[:1]:
+    if checker.serving(ws, "after the next run", problems) is None:
         trial.bytes_lost += corpus
-        problems.append(f"after the next run: search {why or generation}")
     found = tree(ws)
     trial.bytes_lost += lost_bytes(before, found)
     if found != before:
