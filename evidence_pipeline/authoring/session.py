@@ -27,6 +27,7 @@ from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.state import STATE_DIR_NAME
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.problems import Problem
+from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.curated import CuratedDocument
 from evidence_runtime.errors import ErrorCode, EvidenceError
@@ -62,7 +63,8 @@ def load_existing(ws: Workspace) -> tuple[dict[str, ExistingUnit], list[Problem]
     ev = evidence_rel(ws)
     rels = corpus_files(ws.evidence_dir, ws.config.evidence.patterns)
     loaded, problems = load_units(ws.evidence_dir, rels, shown_prefix=f"{ev}/",
-                                  sources=SourceReader(ws.evidence_dir), check=False)
+                                  sources=SourceReader(ws.evidence_dir), check=False,
+                                  cache=UnitCache.in_state_dir(ws.state_dir))
     out: dict[str, ExistingUnit] = {}
     unreadable: set[str] = set()
     for item in loaded:

@@ -36,7 +36,12 @@ from evidence_pipeline.validation.rules import (
     credential_problems,
     schema_problems,
 )
+from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_runtime.curated import (
+    MAX_CURATED_BYTES,
+    CuratedDocument,
+    decode_text,
+    parse_curated,
     read_curated,
 )
 from evidence_runtime.errors import UnitFormatError
@@ -47,9 +52,11 @@ _UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
                sources: SourceReader, skip_source: frozenset[str] = frozenset(),
-               check: bool = True) -> tuple[list[LoadedUnit], list[Problem]]:
+               check: bool = True, cache: UnitCache | None = None,
+               ) -> tuple[list[LoadedUnit], list[Problem]]:
     """Read, parse and (unless ``check`` is false) check each curated file (``rel_paths`` from
-    :func:`corpus_files`, which leaves out symbolic links)."""
+    :func:`corpus_files`, which leaves out symbolic links); with ``cache``, a file whose bytes
+    parsed into a valid unit before is not parsed nor scanned for credentials again."""
     loaded: list[LoadedUnit] = []
     problems: list[Problem] = []
     for rel in rel_paths:
@@ -62,35 +69,68 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
                                     f"(U+{ord(bad[0]):04X})"))
             loaded.append(LoadedUnit(rel, None, None))
             continue
+        key, doc = _cached(cache, file, shown)
         try:
-            doc = read_curated(file, display_path=shown)
+            doc = doc or read_curated(file, display_path=shown)
         except UnitFormatError as exc:
             problems.append(Problem(exc.code, Severity.error, shown, None, exc.message))
             loaded.append(LoadedUnit(rel, None, None))
             continue
         eid = doc.evidence_id
+        creds: list[Problem] | None = None
         if check:
-            problems.extend(credential_problems(doc.data(), doc.body, path=shown,
-                                                evidence_id=eid,
-                                                front_text=doc.front_text or dump_rt(doc.front)))
+            creds = cache.credential_problems(key) if cache and key else None
+            if creds is None:
+                creds = credential_problems(doc.data(), doc.body, path=shown, evidence_id=eid,
+                                            front_text=doc.front_text or dump_rt(doc.front))
+            problems.extend(creds)
         try:
             unit = doc.unit()
         except ValidationError as exc:
             problems.extend(schema_problems(exc, path=shown, evidence_id=eid))
             loaded.append(LoadedUnit(rel, doc, None))
             continue
+        if cache and key:
+            cache.store(key, doc, credentials=creds)
         if check:
             problems.extend(check_unit(unit, rel_path=rel, sources=sources, shown_path=shown,
                                        body=doc.body,
                                        skip_source=unit.id in skip_source))
         loaded.append(LoadedUnit(rel, doc, unit))
+    if cache:
+        cache.save()
     return loaded, problems
+
+
+def _cached(cache: UnitCache | None, file: Path, shown: str
+            ) -> tuple[str | None, CuratedDocument | None]:
+    """The cache key of ``file``'s bytes and, when known, the document they parse into; the
+    document is parsed here from the same bytes (so the key always matches what was read).
+    (None, None) without a cache, or when the file cannot be read: ``read_curated`` then reads
+    it and reports why."""
+    if cache is None:
+        return None, None
+    try:
+        raw = file.read_bytes()
+    except OSError:
+        return None, None
+    if len(raw) > MAX_CURATED_BYTES:
+        return None, None
+    key = cache.key(raw, shown)
+    doc = cache.document(key)
+    if doc is not None:
+        return key, doc
+    try:
+        return key, parse_curated(decode_text(raw, path=shown), path=shown)
+    except UnitFormatError:
+        return None, None  # read again by read_curated, which reports it
 
 
 
 def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
                           shown_prefix: str = "evidence/",
                           max_chunk_chars: int | None = None,
+                          cache: UnitCache | None = None,
                           ) -> tuple[ValidationReport, list[LoadedUnit]]:
     """Validate a whole evidence directory (work tree or materialized revision).
 
@@ -110,7 +150,7 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
         else frozenset()
     loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
-                                       sources=sources, skip_source=skip)
+                                       sources=sources, skip_source=skip, cache=cache)
     problems.extend(unit_problems)
     if max_chunk_chars is not None:
         problems.extend(oversized_problems(loaded, max_chunk_chars, shown_prefix=shown_prefix))
@@ -174,7 +214,8 @@ def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
     report, loaded = validate_evidence_dir(evidence_dir or ws.evidence_dir,
                                            patterns=ws.config.evidence.patterns,
                                            shown_prefix=shown_prefix,
-                                           max_chunk_chars=ws.config.embeddings.max_chunk_chars)
+                                           max_chunk_chars=ws.config.embeddings.max_chunk_chars,
+                                           cache=UnitCache.in_state_dir(ws.state_dir))
     more: list[Problem] = []
     if evidence_dir is None:
         more.extend(evaluation_problems(ws.evidence_dir, loaded, shown_prefix=shown_prefix))

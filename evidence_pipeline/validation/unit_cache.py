@@ -1,0 +1,186 @@
+"""A cache of parsed and checked curated files in the state directory (``units-cache.json``).
+
+Parsing a curated file's front matter with round-trip YAML costs 3–40 ms and the credential scan
+about 5 ms; a no-op ``prepare`` or an unchanged re-publication used to pay both for every file.
+An entry remembers, for one file's exact bytes at one shown path, the front matter text, the
+body, the front matter as plain data and (once a check ran) the credential findings.
+
+- The key is the file's Git blob id (``sha1("blob <size>\\0" + bytes)``, what ``git ls-tree``
+  prints), computed from the bytes just read: the same key on the work tree and on a
+  materialized revision, and a changed file never matches.
+- The whole cache is dropped when the validator's fingerprint changes: the source of every
+  module whose output is cached (parsing, unit schema, credential rules) and the pipeline version.
+- Only files that parsed into a valid unit are stored: a file that is unreadable, malformed or
+  fails the schema is always read again, so its refusal is always reported afresh. The checks
+  that look beyond the file (sources, the manifest, the whole corpus) are never cached.
+- The round-trip front matter (``doc.front``, which authoring edits) is parsed from the cached
+  text only when asked for.
+- Writing is best effort (atomic rename); an unreadable or foreign cache file is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
+from evidence_pipeline.state import ensure_state_dir
+from evidence_pipeline.validation.problems import Problem
+from evidence_runtime.curated import CuratedDocument
+from evidence_runtime.errors import EvidenceError
+from evidence_runtime.yamlio import load_rt, to_plain
+
+CACHE_NAME = "units-cache.json"
+CACHE_FORMAT = 1
+# modules whose results an entry holds: a change to any of them empties the cache
+_FINGERPRINTED = (
+    "evidence_runtime.curated",
+    "evidence_runtime.units",
+    "evidence_runtime.yamlio",
+    "evidence_pipeline.validation.credentials",
+    "evidence_pipeline.validation.rules",
+    "evidence_pipeline.validation.validator",
+    "evidence_pipeline.validation.unit_cache",
+)
+
+
+def blob_id(raw: bytes) -> str:
+    """The Git blob id of ``raw`` (SHA-1 object format)."""
+    return hashlib.sha1(b"blob %d\0" % len(raw) + raw, usedforsecurity=False).hexdigest()
+
+
+def validator_fingerprint() -> str:
+    """The validator's version: the pipeline version and the source of every cached stage."""
+    h = hashlib.sha256(f"{CACHE_FORMAT}:{PIPELINE_VERSION}".encode())
+    for name in _FINGERPRINTED:
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if file is None:  # not imported (cannot happen once the validator runs): never reuse
+            h.update(os.urandom(16))
+            continue
+        h.update(Path(file).read_bytes())
+    return h.hexdigest()
+
+
+class CachedDocument(CuratedDocument):
+    """A :class:`CuratedDocument` from the cache: plain data at once, ``front`` parsed on use."""
+
+    def __init__(self, *, plain: dict[str, Any], body: str, path: str | None,
+                 front_text: str) -> None:
+        self._plain = plain
+        self._front: Any = None
+        self.body = body
+        self.path = path
+        self.front_text = front_text
+
+    @property  # type: ignore[override]
+    def front(self) -> Any:
+        if self._front is None:
+            self._front = load_rt(cast(str, self.front_text), path=self.path)
+        return self._front
+
+    @front.setter
+    def front(self, value: Any) -> None:
+        self._front = value
+
+    def data(self) -> dict[str, Any]:
+        if self._front is not None:  # edited in place: read what it holds now
+            return to_plain(self._front)
+        return copy.deepcopy(self._plain)
+
+    @property
+    def evidence_id(self) -> str | None:
+        value = (self.data() if self._front is not None else self._plain).get("id")
+        return value if isinstance(value, str) else None
+
+
+class UnitCache:
+    """Entries by (blob id, shown path); see the module docstring. ``path`` None: no cache."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.fingerprint = validator_fingerprint()
+        self._old: dict[str, dict[str, Any]] = {}
+        self._used: dict[str, dict[str, Any]] = {}
+        self._dirty = False
+        self.hits = 0
+        self.misses = 0
+        if path is not None:
+            self._old = self._read(path)
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path) -> UnitCache:
+        return cls(state_dir / CACHE_NAME)
+
+    def _read(self, path: Path) -> dict[str, dict[str, Any]]:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return {}
+        if not isinstance(doc, dict) or cast(dict[str, Any], doc).get("fingerprint") \
+                != self.fingerprint:
+            return {}
+        entries = cast(dict[str, Any], doc).get("entries")
+        return cast(dict[str, dict[str, Any]], entries) if isinstance(entries, dict) else {}
+
+    @staticmethod
+    def key(raw: bytes, shown: str) -> str:
+        return f"{blob_id(raw)} {shown}"
+
+    def document(self, key: str) -> CachedDocument | None:
+        """The cached document for ``key``, or None (a miss)."""
+        entry = self._used.get(key) or self._old.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._used[key] = entry
+        return CachedDocument(plain=copy.deepcopy(entry["data"]), body=entry["body"],
+                              path=entry["path"], front_text=entry["front_text"])
+
+    def credential_problems(self, key: str) -> list[Problem] | None:
+        """The credential findings stored with ``key``, or None when never checked."""
+        entry = self._used.get(key)
+        if entry is None or "credentials" not in entry:
+            return None
+        found = cast(list[dict[str, Any]], entry["credentials"])
+        return [Problem.model_validate(p) for p in found]
+
+    def store(self, key: str, doc: CuratedDocument, *,
+              credentials: list[Problem] | None) -> None:
+        """Remember a file that parsed into a valid unit (with its findings once checked)."""
+        entry = self._used.get(key)
+        if entry is None:
+            entry = {"path": doc.path, "front_text": doc.front_text, "body": doc.body,
+                     "data": doc.data()}
+            self._used[key] = entry
+            self._dirty = True
+        if credentials is not None and "credentials" not in entry:
+            entry["credentials"] = [p.model_dump(mode="json") for p in credentials]
+            self._dirty = True
+
+    def save(self) -> None:
+        """Write the entries used in this run (and older ones, up to as many again); best
+        effort: a cache that cannot be written only costs the next run its speed."""
+        if self.path is None or not self._dirty:
+            return
+        keep = dict(self._used)
+        for key, entry in self._old.items():
+            if len(keep) >= 2 * len(self._used) + 100:
+                break
+            keep.setdefault(key, entry)
+        tmp = self.path.with_name(f".{CACHE_NAME}.{os.getpid()}.tmp")
+        try:
+            ensure_state_dir(self.path.parent)
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": keep},
+                                      ensure_ascii=False), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except (OSError, EvidenceError):  # state_dir_unwritable
+            tmp.unlink(missing_ok=True)
+            return
+        self._dirty = False

@@ -1,0 +1,76 @@
+"""The cache of parsed and checked curated files (``.tht/units-cache.json``, issue 18): a warm
+run reads the same report as a cold one, and a changed or broken file is always read again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evidence_pipeline.validation.corpus import SourceReader, corpus_files
+from evidence_pipeline.validation.unit_cache import CACHE_NAME, UnitCache, blob_id
+from evidence_pipeline.validation.validator import load_units, validate_corpus, validate_workspace
+from evidence_runtime.workspace import load_workspace
+
+CURATED = "evidence/curated/enum/regime-sdo.md"
+
+
+def _report(ws: Path) -> list[str]:
+    return sorted(str(p) for p in validate_workspace(ws).problems)
+
+
+def test_blob_id_is_gits() -> None:
+    assert blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    assert blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def test_warm_run_reads_the_cache_and_reports_the_same(demo_ws: Path) -> None:
+    cold = _report(demo_ws)
+    cache_file = demo_ws / ".tht" / CACHE_NAME
+    entries = json.loads(cache_file.read_text(encoding="utf-8"))["entries"]
+    assert len(entries) == validate_workspace(demo_ws).units
+    ws = load_workspace(demo_ws)
+    cache = UnitCache.in_state_dir(ws.state_dir)
+    report, loaded = validate_corpus(ws)
+    assert sorted(str(p) for p in report.problems) == cold
+    assert all(item.unit is not None for item in loaded)
+    warm = UnitCache.in_state_dir(ws.state_dir)
+    assert warm.path == cache.path
+    # every file is a hit on a warm run: none is parsed again
+    rels = corpus_files(ws.evidence_dir, ws.config.evidence.patterns)
+    load_units(ws.evidence_dir, rels, shown_prefix="evidence/",
+               sources=SourceReader(ws.evidence_dir), cache=warm)
+    assert warm.hits == len(rels) and warm.misses == 0
+
+
+def test_a_changed_file_is_read_again(demo_ws: Path) -> None:
+    assert validate_workspace(demo_ws).status.value == "publishable"
+    file = demo_ws / CURATED
+    text = file.read_text(encoding="utf-8")
+    # a credential in the body: the warm cache must not hide it
+    file.write_text(text + "\nAuthorization: Bearer abcdefghijklmnopqrstuvwxyz012345\n",
+                    encoding="utf-8")
+    codes = {p.code for p in validate_workspace(demo_ws).problems}
+    assert any("credential" in c for c in codes), codes
+    # a broken front matter: refused every time, never cached
+    file.write_text(text.replace("---\n", "", 1), encoding="utf-8")
+    for _ in range(2):
+        problems = validate_workspace(demo_ws).problems
+        assert any(p.code == "front_matter_missing" and p.path == CURATED for p in problems)
+    file.write_text(text, encoding="utf-8")
+    assert validate_workspace(demo_ws).status.value == "publishable"
+
+
+def test_a_cached_credential_finding_is_reported_again(demo_ws: Path) -> None:
+    file = demo_ws / CURATED
+    file.write_text(file.read_text(encoding="utf-8")
+                    + "\nAuthorization: Bearer abcdefghijklmnopqrstuvwxyz012345\n",
+                    encoding="utf-8")
+    first = _report(demo_ws)
+    assert any("credential" in p for p in first)
+    assert _report(demo_ws) == first
+
+
+def test_a_corrupt_cache_is_ignored(demo_ws: Path) -> None:
+    cold = _report(demo_ws)
+    (demo_ws / ".tht" / CACHE_NAME).write_text("{not json", encoding="utf-8")
+    assert _report(demo_ws) == cold
