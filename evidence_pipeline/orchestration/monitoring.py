@@ -15,6 +15,7 @@ from evidence_pipeline.orchestration.metadata import (
     misses_metadata,
     regressions_text,
 )
+from evidence_pipeline.orchestration.operations import refusals
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.publishing import active_generation
 from evidence_pipeline.orchestration.resources import (
@@ -44,6 +45,7 @@ def evaluate_active(ws: Workspace, index: IndexResource,
 
 
 @dg.asset(group_name=GROUP, deps=[active_generation])
+@refusals
 def active_index_evaluation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                             index: IndexResource,
                             embedder: EmbedderResource) -> dg.Output[EvaluationReport]:

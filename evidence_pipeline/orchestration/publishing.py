@@ -19,6 +19,7 @@ from evidence_pipeline.orchestration.metadata import (
     evaluation_metadata,
     misses_metadata,
 )
+from evidence_pipeline.orchestration.operations import refusals
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
@@ -70,6 +71,7 @@ def _index(ws: Workspace, index: IndexResource, dense_dim: int
 
 
 @dg.asset(group_name=GROUP, deps=[curated_corpus], kinds={"git"})
+@refusals
 def published_corpus(context: dg.AssetExecutionContext,
                      workspace: WorkspaceResource) -> dg.Output[PublishedCorpus]:
     """The activated revision materialized from Git and its whole corpus validated again."""
@@ -89,6 +91,7 @@ def publishable(published_corpus: PublishedCorpus) -> dg.AssetCheckResult:
 
 
 @dg.asset(group_name=GROUP)
+@refusals
 def evidence_fragments(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                        published_corpus: PublishedCorpus) -> dg.Output[Fragments]:
     """Every unit cut into fragments no longer than max_chunk_chars (atomic elements whole)."""
@@ -104,6 +107,7 @@ def evidence_fragments(context: dg.AssetExecutionContext, workspace: WorkspaceRe
 
 
 @dg.asset(group_name=GROUP, kinds={"numpy"})
+@refusals
 def fragment_embeddings(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                         embedder: EmbedderResource,
                         evidence_fragments: Fragments) -> dg.Output[FragmentVectors]:
@@ -119,6 +123,7 @@ def fragment_embeddings(context: dg.AssetExecutionContext, workspace: WorkspaceR
 
 
 @dg.asset(group_name=GROUP, kinds={"qdrant"})
+@refusals
 def candidate_generation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                          index: IndexResource, embedder: EmbedderResource,
                          published_corpus: PublishedCorpus, evidence_fragments: Fragments,
@@ -144,6 +149,7 @@ def candidate_generation(context: dg.AssetExecutionContext, workspace: Workspace
 
 
 @dg.asset(group_name=GROUP)
+@refusals
 def generation_evaluation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                           index: IndexResource, embedder: EmbedderResource,
                           published_corpus: PublishedCorpus,
@@ -180,6 +186,7 @@ def evaluation_gate(generation_evaluation: EvaluationReport) -> dg.AssetCheckRes
 
 
 @dg.asset(group_name=GROUP, kinds={"qdrant"})
+@refusals
 def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                       index: IndexResource, embedder: EmbedderResource,
                       candidate_generation: Candidate,

@@ -92,8 +92,13 @@ def _execute(job_name: str, root: Path, run_config: dict[str, Any],
 
 
 def _raise_step_failure(result: Any, failures: list[BaseException]) -> None:
-    """Re-raise what a failed step raised (an expected error keeps its class and details)."""
+    """Re-raise what a failed step raised (an expected error keeps its class and details,
+    also when the step turned it into a ``dg.Failure`` for the UI)."""
+    from evidence_pipeline.orchestration.operations import Refusal
+
     for exc in failures:
+        if isinstance(exc, Refusal):
+            raise exc.error
         if isinstance(exc, EvidenceError):
             raise exc
     from dagster import DagsterAssetCheckFailedError

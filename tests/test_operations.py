@@ -1,0 +1,169 @@
+"""What operators do from the Dagster UI: activate a revision, and every expected refusal as a
+one-line ``dg.Failure``.
+
+Real engines: Git, the structural model backend, the registry, and a Dagster instance on disk
+(this repository's dagster.yaml in a temporary DAGSTER_HOME), as the UI's runs use.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from evidence_pipeline.definitions import defs
+from evidence_pipeline.orchestration.resources import (
+    EmbedderResource,
+    IndexResource,
+    ModelBackendResource,
+    WorkspaceResource,
+)
+from evidence_runtime.registry import Registry
+from evidence_runtime.workspace import load_workspace
+from tests.helpers import ROOT, commit, edit, head
+
+EDITED = "source/10-domini-clinici/paziente.md"
+
+
+@pytest.fixture
+def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    """A Dagster instance on disk with this repository's dagster.yaml (SQLite storage)."""
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        yield inst
+
+
+def resources(ws: Path) -> dict[str, Any]:
+    return {"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
+            "embedder": EmbedderResource(), "model": ModelBackendResource()}
+
+
+def run(job: str, ws: Path, instance: dg.DagsterInstance, **kw: Any
+        ) -> dg.ExecuteInProcessResult:
+    return defs.resolve_job_def(job).execute_in_process(
+        instance=instance, resources=resources(ws), raise_on_error=False, **kw)
+
+
+def activate_config(revision: str | None) -> dict[str, Any]:
+    return {"ops": {"activate_revision": {"config": {"revision": revision}}}}
+
+
+def refusal(result: dg.ExecuteInProcessResult) -> tuple[str, dict[str, Any], Any]:
+    """The one failed step's description, metadata values and error, as the run recorded them."""
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    data = failure.step_failure_data
+    assert data.user_failure_data is not None, data.error
+    meta = {k: v.value for k, v in data.user_failure_data.metadata.items()}
+    return data.user_failure_data.description, meta, data.error
+
+
+def assert_one_line_refusal(description: str, error: Any) -> None:
+    assert "\n" not in description and "Traceback" not in description
+    # a dg.Failure, not a wrapped exception: no chained traceback of the original error
+    assert error.cls_name == "Refusal" and error.cause is None and error.context is None
+
+
+def activated(ws: Path) -> str | None:
+    w = load_workspace(ws)
+    with Registry.open(w.registry_url) as registry:
+        return registry.activated_revision(w.config.workspace_id)
+
+
+# --- activate -------------------------------------------------------------------------------------
+
+
+def test_the_activate_job_records_head_of_a_clean_tree(demo_ws: Path,
+                                                        instance: dg.DagsterInstance) -> None:
+    result = run("activate", demo_ws, instance)
+    assert result.success
+    assert activated(demo_ws) == head(demo_ws)
+    (event,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    meta = event.step_output_data.metadata
+    assert meta["revision"].value == head(demo_ws)
+    assert meta["reactivated_generation"].value == "none"
+    (run_record,) = instance.get_runs()
+    assert run_record.job_name == "activate" and run_record.status == dg.DagsterRunStatus.SUCCESS
+
+
+def test_the_activate_job_takes_a_revision(demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    first = head(demo_ws)
+    edit(demo_ws / "evidence" / EDITED, "# Paziente\n", "# Paziente (nota)\n")
+    commit(demo_ws, "a second revision")
+    assert run("activate", demo_ws, instance, run_config=activate_config(first[:10])).success
+    assert activated(demo_ws) == first
+
+
+def test_activating_head_of_a_dirty_tree_is_refused_in_one_line(
+        demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    edit(demo_ws / "evidence" / EDITED, "# Paziente\n", "# Paziente (nota)\n")
+    description, meta, error = refusal(run("activate", demo_ws, instance))
+    assert description == (f"git_error: {demo_ws}: cannot activate HEAD: 1 uncommitted "
+                           f"change(s): evidence/{EDITED}; commit or stash them first")
+    assert meta == {"code": "git_error", "path": str(demo_ws)}
+    assert_one_line_refusal(description, error)
+    assert activated(demo_ws) is None
+
+
+def test_an_unknown_revision_is_refused_in_one_line(demo_ws: Path,
+                                                    instance: dg.DagsterInstance) -> None:
+    result = run("activate", demo_ws, instance, run_config=activate_config("no-such-tag"))
+    description, meta, error = refusal(result)
+    assert description == f"git_error: {demo_ws}: unknown Git revision 'no-such-tag'"
+    assert meta["code"] == "git_error"
+    assert_one_line_refusal(description, error)
+    assert instance.get_runs()[0].status == dg.DagsterRunStatus.FAILURE
+
+
+def test_activating_while_a_publication_runs_is_refused_as_busy(
+        demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nfrom evidence_pipeline.publishing.publish import publish_lock\n"
+         "from evidence_runtime.workspace import load_workspace\n"
+         f"with publish_lock(load_workspace({str(demo_ws)!r})):\n"
+         "    print('held', flush=True)\n    sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        description, meta, error = refusal(run("activate", demo_ws, instance))
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert description.startswith("publish_busy: ")
+    assert "another publication is running on this workspace" in description
+    assert meta["code"] == "publish_busy"
+    assert_one_line_refusal(description, error)
+
+
+def test_publishing_before_an_activation_is_refused_in_one_line(
+        demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    result = run("publish", demo_ws, instance)
+    description, meta, error = refusal(result)
+    assert description == (f"no_activated_revision: {demo_ws}: no revision is activated for "
+                           "this workspace; run `tht workspace activate` first")
+    assert meta == {"code": "no_activated_revision", "path": str(demo_ws)}
+    assert_one_line_refusal(description, error)
+    assert [e.step_key for e in result.all_events if e.is_step_failure] == ["published_corpus"]
+
+
+def test_the_cli_through_dagster_still_gets_the_typed_error(
+        demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers import cli
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    out = cli("workspace", "preprocess", "evidence", str(demo_ws), "--json")
+    assert out.exit_code == 2, out.output
+    assert '"code": "no_activated_revision"' in out.stdout
