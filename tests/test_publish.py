@@ -297,9 +297,10 @@ class HalfThenFail(Delegating):
 
     written = 0
 
-    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256) -> None:
+    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256,
+               bm25: Any = None) -> None:
         half = list(points[: len(points) // 2])
-        self.inner.upsert(half, batch_size=batch_size)
+        self.inner.upsert(half, batch_size=batch_size, bm25=bm25)
         generation = half[0].payload["vector_generation"]
         HalfThenFail.written = self.inner.count({"vector_generation": generation,
                                                  "record_kind": RECORD_KIND})
@@ -309,8 +310,9 @@ class HalfThenFail(Delegating):
 class LosesOnePoint(Delegating):
     """Acknowledges every point but silently drops the last one."""
 
-    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256) -> None:
-        self.inner.upsert(list(points[:-1]), batch_size=batch_size)
+    def upsert(self, points: Sequence[IndexPoint], *, batch_size: int = 256,
+               bm25: Any = None) -> None:
+        self.inner.upsert(list(points[:-1]), batch_size=batch_size, bm25=bm25)
 
 
 @pytest.mark.faults

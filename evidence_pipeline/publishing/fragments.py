@@ -9,10 +9,14 @@ fit on its own is the review item ``atomic_content_too_large``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import qdrant_edge as qe
 
 from evidence_pipeline import markdown
 from evidence_pipeline.markdown import BlockKind
+from evidence_runtime.index.base import DEFAULT_BM25_AVG_LEN, Bm25Settings
 from evidence_runtime.units import (
     DomainUnit,
     EnumUnit,
@@ -248,3 +252,45 @@ def atomic_problems(unit: UnitBase, body: str, max_chunk_chars: int) -> list[tup
     except AtomicTooLarge as exc:
         return [(exc.field, str(exc))]
     return []
+
+
+# BM25 of a generation ---------------------------------------------------------------------
+
+_PROBE_K = 1.2  # a BM25 with b=1 and avg_len=1: a term's value tf·(k+1)/(tf + k·len) gives len
+
+
+def bm25_length(text: str, settings: Bm25Settings) -> int:
+    """The number of tokens BM25 counts in ``text`` (its document length) under ``settings``.
+
+    Edge's embedder shows no tokens, only the weights: with b=1 and avg_len=1 a term of
+    frequency tf weighs w = tf·(k+1)/(tf + k·len), so tf = k·len·w/(k+1−w). The
+    least-weighted term has the smallest frequency: assuming it is 1 (then 2, …) gives len,
+    kept when every frequency it implies is a whole number.
+    """
+    probe = qe.Bm25(qe.Bm25Config(
+        k=_PROBE_K, b=1.0, avg_len=1.0, language=settings.language,
+        stopwords=settings.edge_config().stopwords))
+    values = probe.embed_document(text).values
+    if not values:
+        return 0
+    low = min(values)
+    for tf_low in range(1, 50):
+        length = tf_low * ((_PROBE_K + 1) / low - 1) / _PROBE_K
+        tfs = [_PROBE_K * length * v / (_PROBE_K + 1 - v) for v in values]
+        if all(abs(tf - round(tf)) < 0.02 for tf in tfs):
+            return round(sum(tfs))
+    return len(values)  # not reached for real texts: at least the distinct terms
+
+
+def bm25_settings(language: str, texts: Sequence[str], *, avg_len: float | str,
+                  stopwords: Sequence[str]) -> Bm25Settings:
+    """The BM25 settings a generation's fragments are tokenized with, recorded with it and
+    used by its searches on either engine: the workspace's extra stop words, and ``avg_len``
+    as configured or, for ``corpus``, the mean BM25 length of these fragments (at least 1)."""
+    base = Bm25Settings(language=language, stopwords=tuple(sorted(set(stopwords))))
+    if avg_len != "corpus":
+        return Bm25Settings(language=language, avg_len=float(avg_len), stopwords=base.stopwords)
+    lengths = [bm25_length(t, base) for t in texts]
+    mean = sum(lengths) / len(lengths) if lengths else DEFAULT_BM25_AVG_LEN
+    return Bm25Settings(language=language, avg_len=max(1.0, round(mean, 1)),
+                        stopwords=base.stopwords)

@@ -41,7 +41,12 @@ from evidence_pipeline.publishing.evaluate import (
     revision_evidence_dir,
     with_baseline,
 )
-from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
+from evidence_pipeline.publishing.fragments import (
+    AtomicTooLarge,
+    Fragment,
+    bm25_settings,
+    build_fragments,
+)
 from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter, open_index_writer
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.state import ensure_state_dir
@@ -50,7 +55,7 @@ from evidence_pipeline.validation.problems import Problem, ValidationReport, sor
 from evidence_pipeline.validation.validator import atomic_problem, validate_corpus
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import EvidenceError, IndexMissingError, RegistryError
-from evidence_runtime.index import open_index
+from evidence_runtime.index import Bm25Settings, open_index
 from evidence_runtime.registry import Generation, GenerationStatus
 from evidence_runtime.search import (
     RECORD_KIND,
@@ -167,9 +172,8 @@ def publish_lock(ws: Workspace) -> Iterator[None]:
         yield
 
 
-def activate(root: Workspace | Path | str, *, revision: str | None = None) -> ActivationResult:
-    """Record the activated revision (default: HEAD of a clean tree) of the workspace at
-    ``root`` (or of a loaded :class:`Workspace`).
+def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
+    """Record the activated revision (default: HEAD of a clean tree).
 
     When a retained generation of that revision exists, it becomes active again at once
     (explicit rollback, §13.2) without re-indexing, once its points are counted in the index,
@@ -178,7 +182,7 @@ def activate(root: Workspace | Path | str, *, revision: str | None = None) -> Ac
     (Evidence is unavailable until it is published again), the generation is recorded as no
     longer retained, and :class:`PublishError` ``generation_missing`` says so.
     """
-    ws = root if isinstance(root, Workspace) else load_workspace(root)
+    ws = load_workspace(root)
     if revision is None:
         require_clean(ws.root, (), what="activate HEAD")
         sha = resolve_revision(ws.root, "HEAD")
@@ -456,10 +460,15 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
     except EvidenceError as exc:  # nothing was changed; no generation was recorded
         raise PublishError(f"the index cannot hold Evidence: {exc}", code=exc.code) from exc
     recover_interrupted(registry, index, wid, say=say)
+    icfg = ws.config.index
+    bm25 = bm25_settings(ws.config.language, [fr.text for _, fr in frags],
+                         avg_len=icfg.bm25_avg_len, stopwords=icfg.bm25_stopwords)
     config = {"embedder": emb.model_id, "dim": emb.dim,
               "max_chunk_chars": ws.config.embeddings.max_chunk_chars,
-              "rrf_k": ws.config.index.rrf_k, "prefetch_limit": ws.config.index.prefetch_limit,
-              "bm25_language": ws.config.language, "engine": ws.config.index.engine}
+              "rrf_k": icfg.rrf_k, "rrf_weights": [icfg.rrf_weights.dense, icfg.rrf_weights.bm25],
+              "prefetch_limit": icfg.prefetch_limit,
+              "bm25_language": ws.config.language, "bm25": bm25.as_dict(),
+              "engine": icfg.engine}
     gen: Generation = registry.new_generation(wid, revision, config)
     say(f"candidate generation {gen.number}")
     timings: dict[str, float] = {}
@@ -469,7 +478,7 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
                              dense=vectors[i], text=fr.text,
                              payload=fragment_payload(ws, revision, gen.number, item, fr))
                   for i, (item, fr) in enumerate(frags) if item.unit is not None]
-        _upload(index, points)
+        _upload(index, points, bm25)
         timings["upload_s"] = time.perf_counter() - t
         say(f"uploaded {len(points)} point(s)")
         _step("after_upload")
@@ -596,16 +605,17 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
     return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
 
 
-def _upload(index: IndexWriter, points: list[IndexPoint]) -> None:
-    """All the points in one call (the embedded engine flushes once per call, ~0.2 s each).
+def _upload(index: IndexWriter, points: list[IndexPoint], bm25: Bm25Settings) -> None:
+    """All the points in one call (the embedded engine flushes once per call, ~0.2 s each),
+    BM25 tokenized with the generation's settings.
 
     Under fault injection at ``upload_batch`` the first half goes in as a batch of its own and
     the process dies before the second: a partial candidate, as a crash mid-upload leaves it.
     """
     if os.environ.get(FAULT_ENV) == "upload_batch" and len(points) > 1:
-        index.upsert(points[: len(points) // 2])
+        index.upsert(points[: len(points) // 2], bm25=bm25)
         _step("upload_batch")
-    index.upsert(points)
+    index.upsert(points, bm25=bm25)
 
 
 def recover_interrupted(registry: RegistryWriter, index: IndexWriter, wid: str, *,
