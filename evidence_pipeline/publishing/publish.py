@@ -172,8 +172,9 @@ def publish_lock(ws: Workspace) -> Iterator[None]:
         yield
 
 
-def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
-    """Record the activated revision (default: HEAD of a clean tree).
+def activate(root: Workspace | Path | str, *, revision: str | None = None) -> ActivationResult:
+    """Record the activated revision (default: HEAD of a clean tree) of the workspace at
+    ``root`` (or of a loaded :class:`Workspace`).
 
     When a retained generation of that revision exists, it becomes active again at once
     (explicit rollback, §13.2) without re-indexing, once its points are counted in the index,
@@ -182,7 +183,7 @@ def activate(root: Any, *, revision: str | None = None) -> ActivationResult:
     (Evidence is unavailable until it is published again), the generation is recorded as no
     longer retained, and :class:`PublishError` ``generation_missing`` says so.
     """
-    ws = load_workspace(root)
+    ws = root if isinstance(root, Workspace) else load_workspace(root)
     if revision is None:
         require_clean(ws.root, (), what="activate HEAD")
         sha = resolve_revision(ws.root, "HEAD")
