@@ -13,7 +13,7 @@ import pytest
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.units import EvidencePurpose
-from tests.helpers import cli
+from tests.helpers import cli, commit
 
 QUERY = """\
   - id: {id}
@@ -58,9 +58,14 @@ def test_the_demo_set_is_valid(demo_ws: Path) -> None:
     assert validate(demo_ws, queries(*THREE)) == (0, [])
 
 
-def test_a_missing_set(demo_ws: Path) -> None:
-    status, problems = validate(demo_ws, None)
-    assert (status, codes(problems)) == (1, ["evaluation_missing"])
+def test_a_missing_set_is_left_to_the_publication(demo_ws: Path) -> None:
+    # authoring goes on before the set is written; publishing refuses without it
+    assert validate(demo_ws, None) == (0, [])
+    commit(demo_ws, "no evaluation set")
+    assert cli("workspace", "activate", str(demo_ws)).exit_code == 0
+    refused = cli("workspace", "preprocess", "evidence", str(demo_ws))
+    assert refused.exit_code != 0
+    assert "evaluation.yaml is missing" in refused.stderr
 
 
 @pytest.mark.parametrize("text", ["queries: []\n", "queries:\n", "{}\n"])

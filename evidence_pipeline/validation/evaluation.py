@@ -23,10 +23,13 @@ _PURPOSES = frozenset(p.value for p in EvidencePurpose)
 def evaluation_problems(evidence_dir: Path, loaded: Sequence[LoadedUnit], *,
                         shown_prefix: str) -> list[Problem]:
     """Every problem of the evaluation set at once (the gate's reader stops at the first):
-    ``evaluation_missing``, ``evaluation_malformed``, ``evaluation_empty``,
+    ``evaluation_malformed``, ``evaluation_empty``,
     ``evaluation_duplicate_id``, ``evaluation_purpose_invalid``, ``evaluation_profile_missing``,
     ``evaluation_expected_unknown`` and ``evaluation_expected_unreachable`` (an expected unit
-    whose purposes exclude the query's purpose: the purpose filter hides it, so it never hits)."""
+    whose purposes exclude the query's purpose: the purpose filter hides it, so it never hits).
+
+    A workspace without the file is not reported: authoring goes on before the set is written,
+    and the publication refuses it with its own clear line (``evaluation.yaml is missing``)."""
     shown = f"{shown_prefix}{EVALUATION_NAME}"
     file = evidence_dir / EVALUATION_NAME
 
@@ -35,8 +38,7 @@ def evaluation_problems(evidence_dir: Path, loaded: Sequence[LoadedUnit], *,
         return Problem(code, Severity.error, shown, evidence_id, message, field)
 
     if not file.is_file():
-        return [problem("evaluation_missing",
-                        "evaluation.yaml is missing: the publication gate needs it (spec §14)")]
+        return []
     try:
         data = to_plain(load_rt(decode_text(file.read_bytes(), path=shown), path=shown))
     except UnitFormatError as exc:
