@@ -19,7 +19,7 @@ from evidence_pipeline.orchestration.jobs import (
     publish_job,
     source_job,
 )
-from evidence_pipeline.orchestration.operations import activate_job
+from evidence_pipeline.orchestration.operations import activate_job, prepare_source_job
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -52,7 +52,8 @@ def resources() -> dict[str, dg.ConfigurableResource]:
 defs = dg.Definitions(
     assets=dg.load_assets_from_modules([authoring, publishing, monitoring]),
     asset_checks=dg.load_asset_checks_from_modules([authoring, publishing, monitoring]),
-    jobs=[prepare_job, publish_job, source_job, evaluate_active_job, activate_job],
+    jobs=[prepare_job, publish_job, source_job, evaluate_active_job, activate_job,
+          prepare_source_job],
     schedules=[nightly_evaluation],
     sensors=[source_partitions_sensor, activated_revision_sensor],
     resources=resources(),

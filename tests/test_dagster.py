@@ -191,7 +191,7 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
     for key in ("source_file", "normalized_source", "restructured_units", "validated_units"):
         assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS
     assert {j.name for j in defs.jobs} == {"prepare", "publish", "source_preview",
-                                           "evaluate_active"}
+                                           "evaluate_active", "activate", "prepare_source"}
     assert {s.name for s in defs.sensors} == {"source_partitions_sensor",
                                               "activated_revision_sensor"}
     (schedule,) = defs.schedules

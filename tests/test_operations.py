@@ -1,5 +1,6 @@
-"""What operators do from the Dagster UI: activate a revision, and every expected refusal as a
-one-line ``dg.Failure``.
+"""What operators and curators do from the Dagster UI: activate a revision (and every expected
+refusal as a one-line ``dg.Failure``), preview one source (its units, review items and diff) and
+prepare exactly that one source.
 
 Real engines: Git, the structural model backend, the registry, and a Dagster instance on disk
 (this repository's dagster.yaml in a temporary DAGSTER_HOME), as the UI's runs use.
@@ -17,7 +18,16 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.definitions import defs
+from evidence_pipeline.demo import git
+from evidence_pipeline.orchestration.authoring import (
+    normalized_source,
+    restructured_units,
+    source_file,
+    validated_units,
+)
+from evidence_pipeline.orchestration.partitions import sync_source_partitions
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -28,7 +38,14 @@ from evidence_runtime.registry import Registry
 from evidence_runtime.workspace import load_workspace
 from tests.helpers import ROOT, commit, edit, head
 
+NOTE = "source/90-prove/esito-ps.md"
+# a code table with a third column: the structural backend flags it for review
+NOTE_TEXT = ("# Esito dell'accesso in Pronto Soccorso\n\n"
+             "La colonna clinical.ed_visit.outcome_code registra l'esito dell'accesso.\n\n"
+             "| codice | significato | nota |\n|---|---|---|\n| 1 | dimesso a domicilio | |\n"
+             "| 2 | ricoverato | in reparto |\n")
 EDITED = "source/10-domini-clinici/paziente.md"
+SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_units]
 
 
 @pytest.fixture
@@ -167,3 +184,87 @@ def test_the_cli_through_dagster_still_gets_the_typed_error(
     out = cli("workspace", "preprocess", "evidence", str(demo_ws), "--json")
     assert out.exit_code == 2, out.output
     assert '"code": "no_activated_revision"' in out.stdout
+
+
+# --- one source: the preview and the prepare of exactly that source ------------------------------
+
+
+def add_note_and_edit(ws: Path) -> None:
+    """Two changed sources: a new note, and a line added to an existing one."""
+    note = ws / "evidence" / NOTE
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.write_text(NOTE_TEXT, encoding="utf-8")
+    with (ws / "evidence" / EDITED).open("a", encoding="utf-8") as f:
+        f.write("\n## Neonati\nPer neonato si intende il paziente con età inferiore a 28 "
+                "giorni alla data del ricovero.\n")
+    commit(ws, "curator edits: two sources")
+
+
+def test_the_preview_of_one_source_shows_its_units_review_items_and_diff(
+        demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    add_note_and_edit(demo_ws)
+    sync_source_partitions(instance, demo_ws / "evidence")
+    preview = dg.materialize(SOURCE_ASSETS, partition_key=NOTE, instance=instance,
+                             resources=resources(demo_ws))
+    assert preview.success
+    assert git(demo_ws, "status", "--porcelain") == ""  # a preview writes nothing
+    meta = {k: v.value for k, v in preview.asset_materializations_for_node(
+        "validated_units")[0].metadata.items()}
+    report = preview.output_for_node("validated_units")
+    (eid,) = report.units
+    assert meta["unit_ids"] == eid and meta["units"] == 1
+    units = meta["proposed_units"].splitlines()
+    assert units[0] == "| unit | kind | title | review items |"
+    assert units[2].startswith(f"| {eid} | ")
+    # the review items' code and message, one row each
+    items = meta["review_items_text"]
+    assert meta["review_items"] >= 1 and items.startswith("| unit | code | message |")
+    assert all(row.startswith(f"| {eid} | ") for row in items.splitlines()[2:])
+    diff = meta["diff"]
+    assert diff.startswith("```diff\n") and f"+      - {eid}\n" in diff
+    assert "--- /dev/null\n+++ b/evidence/curated/" in diff
+    assert f"+  {NOTE}:" in diff and EDITED not in diff  # the other changed source is not in it
+
+
+def test_prepare_source_prepares_exactly_that_source(demo_ws: Path,
+                                                     instance: dg.DagsterInstance) -> None:
+    add_note_and_edit(demo_ws)
+    before = read_manifest(demo_ws / "evidence")
+    assert before is not None
+    sync_source_partitions(instance, demo_ws / "evidence")
+    preview = dg.materialize(SOURCE_ASSETS, partition_key=NOTE, instance=instance,
+                             resources=resources(demo_ws))
+    shown = preview.asset_materializations_for_node("validated_units")[0].metadata["diff"].value
+
+    result = run("prepare_source", demo_ws, instance, partition_key=NOTE)
+    assert result.success
+    prepared = result.output_for_node("prepare_one_source")
+    assert prepared.status == "applied" and prepared.model_calls == 1
+    assert [s.path for s in prepared.sources if s.change.value != "unchanged"] == [NOTE]
+    assert shown == f"```diff\n{prepared.diff}```"  # the preview showed exactly this change
+    changed = {line[3:] for line in
+               git(demo_ws, "status", "--porcelain", "--untracked-files=all").splitlines()}
+    assert changed == {*prepared.written, *prepared.deleted}
+    assert "evidence/manifest.yaml" in prepared.written
+    assert all(w.startswith(("evidence/curated/", "evidence/manifest.yaml"))
+               for w in prepared.written)
+    after = read_manifest(demo_ws / "evidence")
+    assert after is not None
+    (report,) = [s for s in prepared.sources if s.path == NOTE]
+    assert after.sources[NOTE].units == report.units
+    # the other changed source keeps the hash of its last prepare: still to prepare
+    assert after.sources[EDITED] == before.sources[EDITED]
+    (run_record,) = [r for r in instance.get_runs() if r.job_name == "prepare_source"]
+    assert run_record.tags["dagster/partition"] == NOTE
+
+
+def test_prepare_source_refuses_a_key_that_is_not_a_source(
+        demo_ws: Path, instance: dg.DagsterInstance) -> None:
+    instance.add_dynamic_partitions("evidence_sources", ["source/nessuna-nota.md"])
+    description, meta, error = refusal(run("prepare_source", demo_ws, instance,
+                                           partition_key="source/nessuna-nota.md"))
+    assert description == "source_missing: source/nessuna-nota.md: no such source file"
+    assert meta == {"code": "source_missing", "path": "source/nessuna-nota.md"}
+    assert_one_line_refusal(description, error)
+    assert git(demo_ws, "status", "--porcelain") == ""
+

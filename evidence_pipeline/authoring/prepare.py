@@ -9,6 +9,7 @@ frame (lock, recovery, clean tree, manifest, current units, apply) is the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,13 @@ from evidence_pipeline.authoring.planner import (
 )
 from evidence_pipeline.authoring.relink import bring_orphans_home, with_orphan_origins
 from evidence_pipeline.authoring.session import AuthoringSession, ExistingUnit
-from evidence_pipeline.authoring.sources import Change, SourceChange, compare, intake
+from evidence_pipeline.authoring.sources import (
+    Change,
+    SourceChange,
+    SourceError,
+    compare,
+    intake,
+)
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
 from evidence_runtime.errors import EvidenceError
@@ -50,11 +57,12 @@ __all__ = [
     "SourceReport",
     "apply_plan",
     "call_model",
-    "check_proposal",
     "model_request",
+    "only_source",
     "plan_prepare",
     "prepare",
     "recovered_result",
+    "take_in",
 ]
 
 RESTRUCTURED = frozenset({Change.changed, Change.new})
@@ -135,6 +143,7 @@ class PreparePlan:
     manifest: Manifest
     changes: list[SourceChange]
     problems: list[Problem]  # intake refusals and unreadable curated files
+    only: str | None = None  # a prepare of this one source (see only_source)
 
     @property
     def ws(self) -> Workspace:
@@ -238,6 +247,32 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
     is reported. ``stop_at_model_failure=False``: every proposal is taken in (the Dagster job,
     whose model steps have all run already). Call inside the plan's session.
     """
+    planner = take_in(plan, propose, progress=progress,
+                      stop_at_model_failure=stop_at_model_failure)
+    batch, diff = planner.batch()
+    plan.session.apply(batch)
+    new_manifest = planner.manifest
+    return PrepareResult(
+        status="applied" if not batch.is_empty() else "unchanged",
+        sources=planner.reports,
+        model_calls=planner.model_calls,
+        written=sorted(batch.writes),
+        deleted=sorted(batch.deletes),
+        diff=diff,
+        recovered=list(plan.session.recovered),
+        review_items=planner.review_items,
+        orphans=sorted(new_manifest.orphans),
+        retirement_candidates=sorted(new_manifest.retirement_candidates),
+    )
+
+
+def take_in(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,
+            progress: Progress | None = None,
+            stop_at_model_failure: bool = True) -> BatchPlanner:
+    """Every change of the plan taken in and the whole batch checked, as :func:`apply_plan`
+    does before it writes (same arguments): the planner holds the new curated files and
+    manifest (``planner.batch()``: the file changes and their diff); raises
+    :class:`PrepareError`. Nothing is written."""
     planner = _planner(plan, progress)
     problems = list(plan.problems)
     failed: SourceProposal | None = None
@@ -258,7 +293,8 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
         else:
             planner.unchanged(change)
     if not problems:
-        problems.extend(planner.check_batch())
+        problems.extend(p for p in planner.check_batch()
+                        if plan.only is None or p.code not in PENDING)
     errors = [p for p in problems if p.severity is Severity.error]
     if errors:
         stopped = ""
@@ -270,30 +306,30 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
         raise PrepareError(
             f"prepare refused: {len(errors)} problem(s); the work tree was not changed{stopped}",
             sort_problems(errors), model_calls=planner.model_calls, not_attempted=not_attempted)
-    batch, diff = planner.batch()
-    plan.session.apply(batch)
-    new_manifest = planner.manifest
-    return PrepareResult(
-        status="applied" if not batch.is_empty() else "unchanged",
-        sources=planner.reports,
-        model_calls=planner.model_calls,
-        written=sorted(batch.writes),
-        deleted=sorted(batch.deletes),
-        diff=diff,
-        recovered=list(plan.session.recovered),
-        review_items=planner.review_items,
-        orphans=sorted(new_manifest.orphans),
-        retirement_candidates=sorted(new_manifest.retirement_candidates),
-    )
+    return planner
 
 
-def check_proposal(plan: PreparePlan, change: SourceChange, proposal: SourceProposal
-                   ) -> tuple[SourceReport, list[Problem], int]:
-    """One source's proposal taken in on its own: its report, problems and review items.
+# the changes a one-source prepare leaves for later: the other sources' manifest entries keep
+# the hash of their last prepare, as they had before it
+PENDING = frozenset({"manifest_source_changed", "manifest_source_missing"})
 
-    A per-source preview (ids of new units may differ in the whole batch, where sources are
-    taken in together in path order); nothing is written.
+
+def only_source(plan: PreparePlan, path: str) -> PreparePlan:
+    """The plan of a prepare of the source at ``path`` alone (a curator's choice in the UI).
+
+    That source's change is taken in as prepare would; every other source keeps its manifest
+    entry as it is (a changed, removed or renamed one stays so for the next prepare; a new one
+    stays out of the manifest). :class:`SourceError` when ``path`` is not a source.
     """
-    planner = _planner(plan, None)
-    problems = planner.restructure(change, proposal)
-    return planner.reports[-1], problems, planner.review_items
+    if not any(c.path == path for c in plan.changes):
+        raise SourceError("no such source file", path=path, code="source_missing")
+    changes: list[SourceChange] = []
+    for change in plan.changes:
+        kept = change.renamed_from if change.change is Change.renamed else change.path
+        if change.path == path:
+            changes.append(change)
+        elif kept is not None and kept in plan.manifest.sources:
+            changes.append(SourceChange(kept, Change.unchanged, None))
+    changes.sort(key=lambda c: c.path)
+    return dataclasses.replace(plan, changes=changes, only=path)
+

@@ -24,7 +24,6 @@ from evidence_pipeline.authoring.prepare import (
     PrepareResult,
     apply_plan,
     call_model,
-    check_proposal,
     model_request,
     plan_prepare,
     recovered_result,
@@ -32,6 +31,7 @@ from evidence_pipeline.authoring.prepare import (
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change, SourceChange, SourceError, compare, intake
 from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
+from evidence_pipeline.orchestration.operations import preview_metadata, preview_source, refusals
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
     check_source_key,
@@ -134,20 +134,15 @@ def restructured_units(normalized_source: SourceChange, workspace: WorkspaceReso
 
 
 @dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP)
+@refusals
 def validated_units(restructured_units: SourceProposal,
                     workspace: WorkspaceResource) -> dg.Output[SourceReport]:
-    """The proposal checked on its own (schema, ids, excerpts, SQL, credentials)."""
-    ws = workspace.load()
-    plan, change = _plan_for(ws, restructured_units.path)
-    report, problems, review_items = check_proposal(plan, change, restructured_units)
-    errors = [p for p in problems if p.severity is Severity.error]
-    if errors:
-        raise dg.Failure(description=f"{len(errors)} problem(s) in {change.path}; "
-                                     f"first: {errors[0].line()}",
-                         metadata={"problems": dg.MetadataValue.md(problems_table(errors))})
-    return dg.Output(report, metadata={"units": dg.MetadataValue.int(len(report.units)),
-                                       "unit_ids": ", ".join(report.units),
-                                       "review_items": dg.MetadataValue.int(review_items)})
+    """The proposal checked as a prepare of this source alone would: its units, their review
+    items and the diff against the curated tree (nothing is written)."""
+    plan, _ = _plan_for(workspace.load(), restructured_units.path)
+    planner, diff = preview_source(plan, restructured_units)
+    report = next(r for r in planner.reports if r.path == restructured_units.path)
+    return dg.Output(report, metadata=preview_metadata(planner, report.path, diff))
 
 
 # --- the batch: every changed source, then one all-or-nothing apply ------------------------------

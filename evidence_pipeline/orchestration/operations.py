@@ -1,4 +1,4 @@
-"""What operators do from the Dagster UI: activate a revision.
+"""What operators and curators do from the Dagster UI: activate a revision, prepare one source.
 
 Every expected refusal (an :class:`EvidenceError`: nothing activated, a dirty tree, an unknown
 revision, a busy publisher, a locked index, a refused batch …) leaves a step as a
@@ -15,9 +15,24 @@ from typing import Any, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.orchestration.metadata import problems_table
-from evidence_pipeline.orchestration.progress import tell
-from evidence_pipeline.orchestration.resources import WorkspaceResource
+from evidence_pipeline.authoring.planner import BatchPlanner, SourceProposal, SourceReport
+from evidence_pipeline.authoring.prepare import (
+    PreparePlan,
+    PrepareResult,
+    apply_plan,
+    call_model,
+    model_request,
+    only_source,
+    plan_prepare,
+    recovered_result,
+    take_in,
+)
+from evidence_pipeline.authoring.session import AuthoringSession
+from evidence_pipeline.authoring.sources import Change
+from evidence_pipeline.orchestration.metadata import problems_table, table
+from evidence_pipeline.orchestration.partitions import SOURCE_PARTITIONS, check_source_key
+from evidence_pipeline.orchestration.progress import forward, tell
+from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
 from evidence_pipeline.publishing.publish import ActivationResult, activate
 from evidence_runtime.errors import EvidenceError
 
@@ -97,3 +112,103 @@ def activate_revision(context: dg.OpExecutionContext, config: ActivateConfig,
         tags={"tht/trigger": "operator"})
 def activate_job() -> None:
     activate_revision()
+
+
+# --- one source: the preview, and a prepare of that source alone ---------------------------------
+
+MAX_DIFF_CHARS = 20_000
+
+
+def diff_markdown(diff: str) -> dg.MetadataValue:
+    """A unified diff as a Markdown code block (cut at :data:`MAX_DIFF_CHARS`)."""
+    if not diff:
+        return dg.MetadataValue.md("no change")
+    cut = diff if len(diff) <= MAX_DIFF_CHARS else diff[:MAX_DIFF_CHARS] + "\n… (cut)\n"
+    return dg.MetadataValue.md(f"```diff\n{cut}```")
+
+
+def preview_source(plan: PreparePlan, proposal: SourceProposal) -> tuple[BatchPlanner, str]:
+    """What a prepare of the proposal's source alone would write: the planner (new curated
+    files and manifest) and the diff against the curated tree. Nothing is written; a proposal
+    prepare would refuse raises :class:`PrepareError` with its problems."""
+    planner = take_in(only_source(plan, proposal.path), lambda _change: proposal)
+    _, diff = planner.batch()
+    return planner, diff
+
+
+def preview_metadata(planner: BatchPlanner, path: str, diff: str) -> dict[str, Any]:
+    """The proposed units of ``path`` (id, kind, title), their review items (code and
+    message) and the diff against the curated tree, as the UI shows them."""
+    report = next(r for r in planner.reports if r.path == path)
+    docs = {doc.evidence_id: doc for doc in planner.outputs.values() if doc is not None}
+    units: list[tuple[Any, ...]] = []
+    items: list[tuple[Any, ...]] = []
+    for eid in report.units:
+        doc = docs.get(eid)
+        if doc is None:  # a previous unit this proposal leaves as it is
+            units.append((eid, "", "(unchanged)", 0))
+            continue
+        data = doc.data()
+        review = [i for i in data.get("review_items") or [] if isinstance(i, dict)]
+        units.append((eid, data.get("kind"), data.get("title"), len(review)))
+        items.extend((eid, i.get("code"), i.get("message")) for i in review)
+    return {
+        "units": dg.MetadataValue.int(len(report.units)),
+        "unit_ids": ", ".join(report.units) or "none",
+        "review_items": dg.MetadataValue.int(len(items)),
+        "proposed_units": dg.MetadataValue.md(
+            table(("unit", "kind", "title", "review items"), units)),
+        "review_items_text": dg.MetadataValue.md(
+            table(("unit", "code", "message"), items) if items else "no review item"),
+        "diff": diff_markdown(diff),
+    }
+
+
+def prepare_metadata(result: PrepareResult) -> dict[str, Any]:
+    """Status, counts, the units and the diff of a prepare run."""
+    return {
+        "status": result.status,
+        "model_calls": dg.MetadataValue.int(result.model_calls),
+        "files_written": dg.MetadataValue.int(len(result.written)),
+        "files_deleted": dg.MetadataValue.int(len(result.deleted)),
+        "review_items": dg.MetadataValue.int(result.review_items),
+        "units": ", ".join(u for s in result.sources if s.change is not Change.unchanged
+                           for u in s.units) or "none",
+        "diff": diff_markdown(result.diff),
+    }
+
+
+@dg.op(out=dg.Out(PrepareResult), pool="authoring")
+@refusals
+def prepare_one_source(context: dg.OpExecutionContext, workspace: WorkspaceResource,
+                   model: ModelBackendResource) -> dg.Output[PrepareResult]:
+    """Prepare the run's partition alone: its units written and its manifest entry updated, all
+    or nothing; every other source's change is left for a later prepare."""
+    key = check_source_key(context.partition_key)
+    ws = workspace.load()
+
+    def progress(report: SourceReport) -> None:
+        if report.change is not Change.unchanged:
+            context.log.info(f"{report.change.value}: {report.path}, "
+                             f"{len(report.units)} unit(s)")
+        forward(report)
+
+    with AuthoringSession.open(ws, what=f"prepare {key}") as session:
+        if session.rolled_forward:
+            result = recovered_result(session.recovered)
+        else:
+            plan = only_source(plan_prepare(session), key)
+            backend = model.make(ws)
+            result = apply_plan(plan, lambda change: call_model(backend,
+                                                                model_request(plan, change)),
+                                progress=progress)
+    return dg.Output(result, metadata=prepare_metadata(result))
+
+
+@dg.job(name="prepare_source", partitions_def=SOURCE_PARTITIONS,
+        description="tht evidence prepare for one source (the partition chosen): its one model "
+                    "call, then its curated units and manifest entry written all or nothing; "
+                    "the other sources' changes stay for a later prepare.",
+        tags={"tht/trigger": "curator"})
+def prepare_source_job() -> None:
+    prepare_one_source()
