@@ -11,9 +11,9 @@ COPY pyproject.toml README.md workspace.yaml ./
 COPY evidence_runtime ./evidence_runtime
 COPY evidence_pipeline ./evidence_pipeline
 COPY examples ./examples
-# dagster-postgres: Dagster's run/event/schedule storage in PostgreSQL (the version that pairs
-# with dagster 1.13.28)
-RUN pip install --no-cache-dir ".[postgres]" "dagster-postgres==0.29.28"
+# the postgres extra: the registry's driver and dagster-postgres (Dagster's run, event-log and
+# schedule storage), pinned in pyproject.toml with the dagster it pairs with
+RUN pip install --no-cache-dir ".[postgres]"
 
 # the workspace is mounted at /workspace; Git refuses repositories owned by another user unless
 # they are marked safe
