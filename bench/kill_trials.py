@@ -221,12 +221,12 @@ def prepare_trial(n: int, rng: random.Random, template: Path, before: dict[str, 
     proc = Run(["evidence", "prepare", str(ws), "--json"])
     if n % 2:  # anywhere in a run (its length: the median of the recent complete runs)
         time.sleep(rng.uniform(0.0, median(durations[-9:]) * 1.1))
-    else:  # right after the batch is staged: the apply is short
+    else:  # once the batch is staged: staging, commit, swap and cleanup take ~15-100 ms
         deadline = time.monotonic() + median(durations[-9:]) * 5 + 30
         while proc.proc.poll() is None and time.monotonic() < deadline and not (
                 staging.is_dir() and any(staging.iterdir())):
             time.sleep(0.0005)
-        time.sleep(rng.uniform(0.0, 0.01))
+        time.sleep(rng.uniform(0.0, 0.04))
     killed = proc.kill()
     err = proc.stderr
     after_kill = tree(ws)
