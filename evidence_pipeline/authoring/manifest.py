@@ -119,7 +119,8 @@ class Manifest(BaseModel):
         orphaned = self.orphaned_sources.get(path)
         if orphaned is None:
             return None
-        units = [u for u in orphaned.units if u in set(self.orphans)]
+        orphans = set(self.orphans)
+        units = [u for u in orphaned.units if u in orphans]
         return SourceEntry(sha256=orphaned.sha256, units=units) if units else None
 
     def to_data(self) -> dict[str, Any]:
