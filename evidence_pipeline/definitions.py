@@ -1,9 +1,9 @@
 """The Dagster code location of thoth-evidence: the one ``dg.Definitions`` (``workspace.yaml``).
 
 Resources come from the environment: ``THT_WORKSPACE`` (the workspace root), and when set
-``THT_REGISTRY_URL``, ``THT_QDRANT_URL``, ``THT_QDRANT_API_KEY`` and ``THT_LLM_API_KEY`` (bound
-as ``dg.EnvVar``: their values never appear in config or in the UI). Everything else comes from
-the workspace's ``thoth.yaml``.
+``THT_REGISTRY_URL``, ``THT_QDRANT_API_KEY`` and ``THT_LLM_API_KEY`` (bound as ``dg.EnvVar``:
+their values never appear in config or in the UI). Everything else comes from the workspace's
+``thoth.yaml``, the index included (``THT_QDRANT_URL`` is read there, as by the CLI).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def resources() -> dict[str, dg.ConfigurableResource]:
     return {
         "workspace": WorkspaceResource(root=dg.EnvVar("THT_WORKSPACE"),
                                        registry_url=_env("THT_REGISTRY_URL")),
-        "index": IndexResource(url=_env("THT_QDRANT_URL"), api_key=_env("THT_QDRANT_API_KEY")),
+        "index": IndexResource(api_key=_env("THT_QDRANT_API_KEY")),
         "embedder": EmbedderResource(),
         "model": ModelBackendResource(api_key=_env("THT_LLM_API_KEY")),
     }

@@ -393,6 +393,10 @@ class EvidenceSearcher:
         if isinstance(state, EvidenceSearchOutcome):
             return state.model_copy(update={"purpose": purpose})
         gen, revision = state
+        elsewhere = self._other_engine(gen)
+        if elsewhere is not None:
+            return unavailable(UnavailableCode.generation_missing, elsewhere,
+                               generation=gen.number, purpose=purpose)
         match = build_match(self.workspace_id, revision, gen.number, purpose, context)
         hits: list[Hit] = []
         try:
@@ -428,6 +432,17 @@ class EvidenceSearcher:
         return EvidenceSearchOutcome(status="available", generation=gen.number,
                                      revision=revision, purpose=purpose,
                                      results=tuple(results))
+
+    def _other_engine(self, gen: Generation) -> str | None:
+        """Why ``gen`` cannot be in the configured index: it was published to the other
+        engine (the workspace's engine changed since); None when it may be."""
+        recorded = gen.config.get("engine")
+        engine = self._index_config.engine if self._index_config is not None else None
+        if engine is None or recorded is None or recorded == engine:
+            return None
+        return (f"generation {gen.number} was published to the {recorded} index, but this "
+                f"workspace reads the {engine} index (thoth.yaml index.engine): publish the "
+                "activated revision again (tht workspace preprocess evidence)")
 
     def _lost_points(self, index: EvidenceIndex, gen: Generation, *,
                      recount: bool = False) -> str | None:
@@ -473,13 +488,15 @@ class EvidenceSearcher:
 
 
 def index_config(ws: Workspace) -> IndexConfig:
-    """The ``index`` section of a workspace with paths and environment resolved."""
+    """The ``index`` section of a workspace with paths and environment resolved: the one
+    index every entry point uses (a ``THT_QDRANT_URL`` that contradicts ``index.engine`` is a
+    :class:`ConfigError`, see :meth:`Workspace.index_url`)."""
     cfg = ws.config.index
+    url = ws.index_url()
     if cfg.engine == "edge":
         return IndexConfig(engine="edge", path=str(ws.index_path))
-    return IndexConfig(engine="server", url=os.environ.get("THT_QDRANT_URL") or cfg.url,
-                       collection=ws.config.collection, api_key_env=cfg.api_key_env,
-                       bm25=cfg.bm25)
+    return IndexConfig(engine="server", url=url, collection=ws.config.collection,
+                       api_key_env=cfg.api_key_env, bm25=cfg.bm25)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from evidence_runtime.yamlio import load_rt, to_plain
 DESCRIPTOR = "thoth.yaml"
 WORKSPACE_ID_RE = re.compile(r"\A[A-Za-z0-9_.-]+\Z")
 STATE_ENV = "THT_STATE_DIR"
+QDRANT_URL_ENV = "THT_QDRANT_URL"
 STATE_DIR_NAME = ".tht"  # the local state directory in the work tree, unless $THT_STATE_DIR
 
 # BM25 languages (Qdrant's names) → the language code curated units carry.
@@ -86,7 +87,7 @@ class IndexSection(BaseModel):
 
     engine: Literal["edge", "server"] = "edge"
     path: str | None = None  # edge: relative to the state directory (default "index")
-    url: str | None = None  # server; THT_QDRANT_URL overrides
+    url: str | None = None  # server; THT_QDRANT_URL overrides (Workspace.index_url)
     api_key_env: str | None = None
     collection: str | None = None
     bm25: Literal["server", "client"] = "server"
@@ -178,6 +179,24 @@ class Workspace:
     @property
     def index_path(self) -> Path:
         return self.state_dir / (self.config.index.path or "index")
+
+    def index_url(self) -> str | None:
+        """The Qdrant server URL: ``THT_QDRANT_URL`` when set, else ``index.url``.
+
+        The one reading of the variable: the CLI, evaluate, ``search()`` and the Dagster
+        resources all come here. ``thoth.yaml`` decides the engine, so the variable set while
+        ``index.engine`` is ``edge`` is a :class:`ConfigError`: publishing to a server while
+        searches read the embedded shard (or the reverse) would split one registry between two
+        indexes.
+        """
+        env = os.environ.get(QDRANT_URL_ENV)
+        engine = self.config.index.engine
+        if env and engine != "server":
+            raise ConfigError(
+                f"{QDRANT_URL_ENV} is set but index.engine is {engine!r}: thoth.yaml decides "
+                f"the engine; set index.engine: server there to use the Qdrant server, or "
+                f"unset {QDRANT_URL_ENV}", path=str(self.root / DESCRIPTOR), field="index.engine")
+        return env or self.config.index.url
 
     @property
     def registry_url(self) -> str:

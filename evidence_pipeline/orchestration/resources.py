@@ -7,8 +7,6 @@ bind them with ``dg.EnvVar``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
 from pydantic import Field
 
@@ -16,7 +14,6 @@ from evidence_pipeline.authoring.backends.base import ModelBackend
 from evidence_pipeline.authoring.backends.factory import make_backend
 from evidence_pipeline.publishing.index_writer import IndexWriter, open_index_writer
 from evidence_runtime.embeddings import Embedder, make_embedder
-from evidence_runtime.errors import ConfigError
 from evidence_runtime.index import IndexConfig
 from evidence_runtime.search import index_config
 from evidence_runtime.workspace import RegistrySection, Workspace, load_workspace
@@ -42,34 +39,22 @@ class WorkspaceResource(dg.ConfigurableResource):
 
 
 class IndexResource(dg.ConfigurableResource):
-    """Where the Evidence index lives: an embedded Qdrant Edge shard or a Qdrant server.
+    """The workspace's Evidence index: an embedded Qdrant Edge shard or a Qdrant server, as
+    ``thoth.yaml``'s ``index`` section says (with ``THT_QDRANT_URL`` read exactly as by the CLI
+    and ``search()``: :func:`index_config`).
 
-    Unset fields keep ``thoth.yaml``'s ``index`` section; a ``url`` selects the server engine
-    (the scale-out path), a ``path`` an Edge shard directory.
+    Where the index lives is the workspace's decision, not this resource's: the CLI, the
+    searches and the Dagster runs use one index and one registry. Only the server's API key can
+    be given here, as a secret bound with ``dg.EnvVar``.
     """
 
-    url: str | None = Field(default=None, description="Qdrant server URL (THT_QDRANT_URL).")
     api_key: str | None = Field(default=None,
                                 description="Qdrant API key (a secret: bind with EnvVar).")
-    path: str | None = Field(default=None, description="Qdrant Edge shard directory.")
-    collection: str | None = Field(default=None, description="Server collection name.")
 
     def config(self, ws: Workspace) -> IndexConfig:
-        """Where the index lives: the workspace's, with this resource's overrides."""
-        if self.url and self.path:
-            raise ConfigError("the index resource takes a url or a path, not both",
-                              field="index")
-        cfg = ws.config.index
-        if self.url:
-            out = IndexConfig(engine="server", url=self.url,
-                              collection=self.collection or ws.config.collection,
-                              api_key_env=cfg.api_key_env, bm25=cfg.bm25)
-        elif self.path:
-            out = IndexConfig(engine="edge", path=str(Path(self.path).expanduser()))
-        else:
-            out = index_config(ws)
-            if self.collection and out.engine == "server":
-                out = out.model_copy(update={"collection": self.collection})
+        """Where the index lives (:func:`index_config`: a ``THT_QDRANT_URL`` that contradicts
+        ``index.engine`` is a :class:`ConfigError`)."""
+        out = index_config(ws)
         if self.api_key:
             out = out.model_copy(update={"api_key": self.api_key})
         return out

@@ -267,6 +267,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     """
     say = progress or (lambda _msg: None)
     ws = load_workspace(root)
+    index_config(ws)  # an index setting that contradicts itself is refused before any work
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     with publish_lock(ws), open_registry(ws) as registry:
