@@ -11,7 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evidence_runtime.units import EvidenceKind
 
+_QUESTION_LABEL = "Domanda"
 _LABELS = (("concepts", "Concetti"), ("tables", "Tabelle"), ("columns", "Colonne"))
+# The label words every query text may carry whatever it asks: BM25 ignores them by default
+# (thoth.yaml index.bm25_stopwords), for queries and fragments alike, so that they match
+# nothing (issue 16: "Domanda" made BM25 return ten unrelated units for every question)
+LABEL_STOPWORDS = tuple(w.lower() for w in (_QUESTION_LABEL, *(lbl for _, lbl in _LABELS)))
 
 
 class EvidenceConstraints(BaseModel):
@@ -61,7 +66,7 @@ def render_query(question: str, context: EvidenceSearchContext | None = None) ->
     q = _clean(question)
     if not q:
         raise EmptyQueryError("the question is empty")
-    lines = [f"Domanda: {q}"]
+    lines = [f"{_QUESTION_LABEL}: {q}"]
     if context is not None:
         for attr, label in _LABELS:
             values = context_values(getattr(context, attr))

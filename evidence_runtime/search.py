@@ -29,6 +29,8 @@ from evidence_runtime.errors import (
     RegistryError,
 )
 from evidence_runtime.index import (
+    DEFAULT_RRF_K,
+    DEFAULT_RRF_WEIGHTS,
     Bm25Settings,
     EvidenceIndex,
     Hit,
@@ -260,8 +262,8 @@ class EvidenceSearcher:
                  embedder: Embedder, registry_url: str | None = None,
                  index: EvidenceIndex | None = None, index_config: IndexConfig | None = None,
                  language: str = "italian", revisions_dir: Path | None = None,
-                 rrf_k: int = 60, prefetch_limit: int = 50,
-                 rrf_weights: tuple[float, float] | None = None) -> None:
+                 rrf_k: int = DEFAULT_RRF_K, prefetch_limit: int = 50,
+                 rrf_weights: tuple[float, float] | None = DEFAULT_RRF_WEIGHTS) -> None:
         self.workspace_id = workspace_id
         self._registry = registry
         self._registry_url = registry_url

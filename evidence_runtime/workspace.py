@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import ConfigError, UnitFormatError
+from evidence_runtime.index.base import DEFAULT_RRF_K, DEFAULT_RRF_WEIGHTS
+from evidence_runtime.query import LABEL_STOPWORDS
 from evidence_runtime.yamlio import load_rt, to_plain
 
 DESCRIPTOR = "thoth.yaml"
@@ -70,12 +72,13 @@ class EmbeddingsSection(BaseModel):
 
 
 class RrfWeights(BaseModel):
-    """Per-branch RRF weights (``index.rrf_weights``); equal weights are plain RRF."""
+    """Per-branch RRF weights (``index.rrf_weights``); equal weights are plain RRF. The
+    defaults were chosen by measurement (bench/README.md, issue 16)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dense: float = Field(default=1.0, gt=0)
-    bm25: float = Field(default=1.0, gt=0)
+    dense: float = Field(default=DEFAULT_RRF_WEIGHTS[0], gt=0)
+    bm25: float = Field(default=DEFAULT_RRF_WEIGHTS[1], gt=0)
 
 
 class IndexSection(BaseModel):
@@ -91,14 +94,14 @@ class IndexSection(BaseModel):
     api_key_env: str | None = None
     collection: str | None = None
     bm25: Literal["server", "client"] = "server"
-    rrf_k: int = Field(default=60, ge=1)
+    rrf_k: int = Field(default=DEFAULT_RRF_K, ge=1)
     rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
     prefetch_limit: int = Field(default=50, ge=1, le=1000)
     # BM25 tokenization of a generation (recorded with it; searches of it reuse it): the
     # expected fragment length in tokens, a number or "corpus" (the mean of the generation's
     # own fragments), and extra stop words on top of the language's list
-    bm25_avg_len: Annotated[float, Field(gt=0)] | Literal["corpus"] = 256.0
-    bm25_stopwords: list[str] = Field(default_factory=list)
+    bm25_avg_len: Annotated[float, Field(gt=0)] | Literal["corpus"] = "corpus"
+    bm25_stopwords: list[str] = Field(default_factory=lambda: list(LABEL_STOPWORDS))
 
     def weights(self) -> tuple[float, float] | None:
         """``(dense, bm25)`` for the fused request, or None for equal weights (plain RRF)."""

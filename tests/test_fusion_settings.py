@@ -121,10 +121,17 @@ def test_a_generation_is_searched_with_the_bm25_settings_it_was_built_with() -> 
     assert generation_bm25(_generation({"bm25": LABELS.as_dict()}), "english") == LABELS
 
 
-def test_rrf_weights_setting() -> None:
-    assert IndexSection().weights() is None
-    assert IndexSection.model_validate({"rrf_weights": {"dense": 2, "bm25": 1}}).weights() == \
-        (2.0, 1.0)
+def test_fusion_and_bm25_settings_and_their_measured_defaults() -> None:
+    default = IndexSection()
+    assert (default.rrf_k, default.weights(), default.prefetch_limit) == (5, (2.0, 1.0), 50)
+    assert default.bm25_avg_len == "corpus"
+    assert default.bm25_stopwords == ["domanda", "concetti", "tabelle", "colonne"]
+    plain = IndexSection.model_validate({"rrf_k": 60, "rrf_weights": {"dense": 1, "bm25": 1},
+                                         "bm25_avg_len": 256, "bm25_stopwords": []})
+    assert plain.weights() is None and plain.bm25_avg_len == 256.0
+    assert IndexSection.model_validate({"rrf_weights": {"dense": 3}}).weights() == (3.0, 1.0)
+    with pytest.raises(ValueError):
+        IndexSection.model_validate({"bm25_avg_len": "mean"})
     with pytest.raises(ValueError):
         IndexSection.model_validate({"rrf_weights": {"dense": 0}})
 

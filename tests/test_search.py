@@ -324,7 +324,7 @@ def test_dense_and_bm25_receive_the_same_query_text(
     call = index.calls[-1]
     assert embedder.queries[-1] == text  # dense
     assert call["text"] == text  # BM25
-    assert call["mode"] == "fused" and call["rrf_k"] == 60 and call["prefetch_limit"] == 50
+    assert call["mode"] == "fused" and call["rrf_k"] == 5 and call["prefetch_limit"] == 50
 
 
 def test_an_available_search_with_no_match_is_an_empty_receipt(
@@ -633,7 +633,7 @@ def test_evaluate_json_passes_the_gate_and_shows_three_ranks(published: Publishe
     report = json.loads(result.stdout)
     assert set(report) == {"revision", "generation", "search_config", "summary", "queries"}
     assert report["revision"] == published.revision and report["generation"] == 1
-    assert report["search_config"]["rrf_k"] == 60
+    assert report["search_config"]["rrf_k"] == 5
     summary = report["summary"]
     assert set(summary) == {"queries", "hit_at_5", "hit_at_10", "gate_passed", "missed_kinds",
                             "empty_queries"}

@@ -9,6 +9,8 @@ engines share; ``edge`` and ``server`` one engine each; ``config`` where the ind
 from evidence_runtime.index.base import (
     BM25_MODEL,
     BM25_VECTOR,
+    DEFAULT_RRF_K,
+    DEFAULT_RRF_WEIGHTS,
     Bm25Settings,
     EvidenceIndex,
     Hit,
@@ -22,6 +24,8 @@ from evidence_runtime.index.server import ServerIndex
 __all__ = [
     "BM25_MODEL",
     "BM25_VECTOR",
+    "DEFAULT_RRF_K",
+    "DEFAULT_RRF_WEIGHTS",
     "INDEX_ENGINES",
     "Bm25Settings",
     "EdgeIndex",

@@ -26,6 +26,8 @@ __all__ = [
     "BM25_MODEL",
     "BM25_VECTOR",
     "DEFAULT_BM25_AVG_LEN",
+    "DEFAULT_RRF_K",
+    "DEFAULT_RRF_WEIGHTS",
     "Bm25Settings",
     "EvidenceIndex",
     "Hit",
@@ -44,6 +46,11 @@ BM25_VECTOR = "bm25"
 BM25_MODEL = "qdrant/bm25"
 SCROLL_PAGE = 1024
 DEFAULT_BM25_AVG_LEN = 256.0  # qdrant/bm25's and Edge's default
+# The search's fusion defaults, chosen by measurement on the Italian dev set and BIRD (issue
+# 16, bench/README.md): RRF k=5 and the dense branch weighted twice BM25. thoth.yaml's index
+# section overrides them; EvidenceIndex.query itself stays plain RRF (k=60, equal weights).
+DEFAULT_RRF_K = 5
+DEFAULT_RRF_WEIGHTS = (2.0, 1.0)
 
 Weights = tuple[float, float]  # RRF weights of the (dense, BM25) prefetches
 
