@@ -19,12 +19,16 @@ explained per expected unit: ``not_published``, ``purpose_filtered`` (the unit's
 exclude the asking stage's), ``constraint_filtered`` or ``ranked_low`` (dense/BM25/fused ranks
 at depth 50); each question is also searched without the purpose filter.
 
-Comparisons that need no library change (recorded in the report's ``config``):
-    --rrf-k K, --prefetch N      EvidenceSearcher's own parameters
-    --weights D:B                weighted RRF, through the Edge shard directly
-    --bm25-avg-len X|measured    BM25 length normalization (scratch shard, same vectors)
+Variants, through the library's settings (bench/variants.py; recorded in the report's
+``config``), on top of what thoth.yaml and the library defaults give:
+    --rrf-k K, --prefetch N, --weights D:B     the searcher's fusion settings (index.rrf_k,
+                                               index.prefetch_limit, index.rrf_weights)
+    --bm25-avg-len X|corpus, --bm25-stopwords W,W|none
+                                               BM25 settings of the publication
+                                               (index.bm25_avg_len, index.bm25_stopwords):
+                                               written into thoth.yaml, published again
     --no-header                  fragments without their title/kind/applies_to labels
-                                 (scratch shard, re-embedded)
+                                 (scratch shard, re-embedded: no setting, not adopted)
 A variant run scores the holdout questions only with --holdout (the baseline always does): they
 stay aside while a change is being chosen.
 """
@@ -57,7 +61,7 @@ from devset_check import (
     load_devset,
     read_corpus,
 )
-from variants import Variant, close, open_searcher, weighted_fused
+from variants import Variant, close, open_searcher, republish, set_index_settings
 
 MODES = ("dense", "bm25", "fused")
 LIBRARY = ("evidence_runtime", "evidence_pipeline", "examples")
@@ -72,27 +76,27 @@ DEPTH = 50  # ranks reported for a miss
 class Ranker:
     """Ranked evidence ids for a question, by mode, with or without the purpose filter.
 
-    With the purpose filter and no weights it is exactly ``EvidenceSearcher.search``; the other
-    paths build the same mandatory filters (``build_match``) and query the index directly,
-    because the searcher always filters on the purpose and has no RRF weights."""
+    With the purpose filter it is exactly ``EvidenceSearcher.search`` (its settings included);
+    without it, the same mandatory filters (``build_match``) minus the purpose and the same
+    settings, on the index directly, because the searcher always filters on the purpose."""
 
-    def __init__(self, searcher: Any, weights: tuple[float, float] | None = None) -> None:
+    def __init__(self, searcher: Any) -> None:
         self.searcher = searcher
-        self.weights = weights
         state = searcher.resolve_generation()
         if not isinstance(state, tuple):
             raise SystemExit(f"search unavailable ({state.code}): {state.message}")
         self.generation, self.revision = state[0].number, state[1]
+        self.gen = state[0]
 
     def results(self, text: str, purpose: str, context: Any, mode: str, *,
                 purpose_filter: bool = True, limit: int = LIMIT,
                 direct: bool = False) -> list[Any]:
         from evidence_runtime.query import render_query
-        from evidence_runtime.search import build_match, group_hits
+        from evidence_runtime.search import build_match, generation_bm25, group_hits
         from evidence_runtime.units import EvidencePurpose
 
         s = self.searcher
-        if purpose_filter and not direct and (self.weights is None or mode != "fused"):
+        if purpose_filter and not direct:
             out = s.search(text, purpose, context, limit=limit, mode=mode)
             if not out.available:
                 raise SystemExit(f"search unavailable ({out.code}): {out.message}")
@@ -103,12 +107,10 @@ class Ranker:
         if not purpose_filter:
             del match["purposes"]
         dense = s.embedder.embed_query(rendered) if mode != "bm25" else None
-        if self.weights is not None and mode == "fused":
-            hits = weighted_fused(s, rendered, dense, match, limit * 4, self.weights)
-        else:
-            hits = s.index().query(dense=dense, text=rendered if mode != "dense" else None,
-                                   match=match, limit=limit * 4, mode=mode,
-                                   prefetch_limit=s.prefetch_limit, rrf_k=s.rrf_k)
+        hits = s.index().query(dense=dense, text=rendered if mode != "dense" else None,
+                               match=match, limit=limit * 4, mode=mode,
+                               prefetch_limit=s.prefetch_limit, rrf_k=s.rrf_k,
+                               weights=s.rrf_weights, bm25=generation_bm25(self.gen, s.language))
         return group_hits(hits, limit=limit, revision=self.revision,
                           workspace_id=s.workspace_id)
 
@@ -239,18 +241,23 @@ def breakdown(rows: Sequence[dict[str, Any]], key: str, values: Sequence[str]
 # ---------------------------------------------------------------------------------------------
 
 
-def publish_demo(root: Path) -> tuple[Path, dict[str, Any]]:
+def publish_demo(root: Path, settings: dict[str, Any] | None = None
+                 ) -> tuple[Path, dict[str, Any]]:
     """``tht demo init`` → ``workspace activate`` → ``workspace preprocess evidence`` on a fresh
-    copy (the demo's curated units exist, so no ``prepare`` is needed)."""
+    copy (the demo's curated units exist, so no ``prepare`` is needed); ``settings`` go into
+    its thoth.yaml's ``index`` section first (committed)."""
     ws = root / "psd"
     run_tht("demo", "init", str(ws))
+    if settings and set_index_settings(ws, settings):
+        git(ws, "commit", "-q", "-am", f"index settings: {settings}")
     tht("workspace", "activate", str(ws))
     published, seconds = tht("workspace", "preprocess", "evidence", str(ws))
     published["seconds"] = round(seconds, 1)
     return ws, published
 
 
-def bird_workspace(workdir: Path, *, reuse: bool, threads: int
+def bird_workspace(workdir: Path, *, reuse: bool, threads: int,
+                   settings: dict[str, Any] | None = None,
                    ) -> tuple[Path, list[Any], list[Any], dict[str, Any]]:
     """bench/bird.py's workspace: BIRD dev evidence → source notes → ``prepare --backend
     structural`` → every unit accepted → gate evaluation.yaml → validate → commit → activate →
@@ -259,11 +266,27 @@ def bird_workspace(workdir: Path, *, reuse: bool, threads: int
     ws = workdir.resolve()
     saved = ws / ".tht" / "bench-pipeline.json"
     if reuse and saved.is_file():
-        log(f"[quality] --reuse: keeping the published BIRD workspace {ws}")
+        log(f"[quality] --reuse: keeping the BIRD workspace {ws}")
         units = bird.read_units(ws)
-        return ws, units, bird.questions(dev, units), json.loads(saved.read_text("utf-8"))
+        pipeline = json.loads(saved.read_text("utf-8"))
+        again = republish(ws, settings or {}, "its BIRD generation was built with other BM25 "
+                          "settings than thoth.yaml (or the variant) gives")
+        if again is not None:
+            pipeline["publish"] = again
+        return ws, units, bird.questions(dev, units), pipeline
     t = time.perf_counter()
+    cache = ws / ".tht" / "vectors.sqlite3"  # kept across a rebuild: same model, same texts
+    kept = Path(tempfile.mkdtemp(prefix="quality-vectors-")) / "vectors.sqlite3"
+    if cache.is_file():
+        shutil.copy2(cache, kept)
     bird.build_workspace(ws, bird.source_notes(dev, tables), threads=threads)
+    if settings:
+        set_index_settings(ws, settings)
+        git(ws, "commit", "-q", "-am", f"index settings: {settings}")
+    if kept.is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(kept, cache)
+    shutil.rmtree(kept.parent, ignore_errors=True)
     prep, _ = tht("evidence", "prepare", str(ws), "--backend", "structural")
     units = bird.read_units(ws)
     cleared = bird.accept_review(units)
@@ -303,10 +326,8 @@ def bird_cases(qs: Sequence[Any]) -> list[Case]:
 
 
 def self_check(ranker: Ranker, cases: Sequence[Case], n: int = 20) -> None:
-    """The direct index path (used without the purpose filter or with weights) must give
-    exactly what ``EvidenceSearcher.search`` gives, or its figures would not be comparable."""
-    if ranker.weights is not None:
-        return
+    """The direct index path (used without the purpose filter) must give exactly what
+    ``EvidenceSearcher.search`` gives, or its figures would not be comparable."""
     for c in cases[:n]:
         for mode in MODES:
             a = [r.evidence_id for r in ranker.results(c.text, c.purpose, c.context, mode)]
@@ -425,7 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rrf-k", type=int)
     ap.add_argument("--prefetch", type=int)
     ap.add_argument("--weights", type=parse_weights, metavar="DENSE:BM25")
-    ap.add_argument("--bm25-avg-len", metavar="X|measured")
+    ap.add_argument("--bm25-avg-len", metavar="X|corpus")
+    ap.add_argument("--bm25-stopwords", metavar="W,W|none",
+                    help="extra BM25 stop words (none: no extra word)")
     ap.add_argument("--no-header", action="store_true")
     ap.add_argument("--holdout", action="store_true",
                     help="also score the holdout questions in a variant run (the baseline "
@@ -458,7 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evidence_runtime.embeddings import make_embedder
 
     os.environ.pop("THT_STATE_DIR", None)  # each workspace keeps its own .tht/
-    variant = Variant(args.rrf_k, args.prefetch, args.weights, args.bm25_avg_len,
+    stop = None if args.bm25_stopwords is None else tuple(
+        w for w in args.bm25_stopwords.split(",") if w and args.bm25_stopwords != "none")
+    variant = Variant(args.rrf_k, args.prefetch, args.weights, args.bm25_avg_len, stop,
                       args.no_header)
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -476,11 +501,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_devset:
         with tempfile.TemporaryDirectory(prefix="quality-demo-") as tmp:
             t = time.perf_counter()
-            ws, published = publish_demo(Path(tmp))
+            ws, published = publish_demo(Path(tmp), variant.publication())
             timings["demo_publish_s"] = round(time.perf_counter() - t, 1)
             searcher, built = open_searcher(ws, variant, embedder, Path(tmp) / "variant")
             try:
-                ranker = Ranker(searcher, variant.weights)
+                ranker = Ranker(searcher)
                 scored = questions if args.holdout or not variant.describe() else [
                     d for d in questions if not d.holdout]
                 cases = dev_cases(scored)
@@ -491,7 +516,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timings["devset_search_s"] = round(time.perf_counter() - t, 1)
                 report["config"].update(rrf_k=searcher.rrf_k,
                                         prefetch_limit=searcher.prefetch_limit,
-                                        bm25_language=searcher.language)
+                                        rrf_weights=searcher.rrf_weights,
+                                        bm25_language=searcher.language,
+                                        bm25=ranker.gen.config.get("bm25"))
             finally:
                 close(searcher, built)
         report["devset"] = {"publish": {"generation": published["generation"],
@@ -511,7 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_bird:
         t = time.perf_counter()
         ws, units, qs, pipeline = bird_workspace(args.bird_workdir, reuse=args.reuse,
-                                                 threads=args.threads)
+                                                 threads=args.threads,
+                                                 settings=variant.publication())
         timings["bird_workspace_s"] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
         for q in qs:  # each question embedded once; the three modes reuse the vector
@@ -520,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         searcher, built = open_searcher(ws, variant, embedder,
                                         ws / ".tht" / "quality-variant")
         try:
-            ranker = Ranker(searcher, variant.weights)
+            ranker = Ranker(searcher)
+            report["config"]["bird_bm25"] = ranker.gen.config.get("bm25")
             cases = bird_cases(qs)
             self_check(ranker, cases)
             t = time.perf_counter()

@@ -1,22 +1,22 @@
-"""Comparisons of issue 16 item 4 that need no change to the library: RRF k, prefetch depth,
-per-branch RRF weights, BM25 ``avg_len``, fragments without their header. Used by quality.py.
+"""Variants of quality.py runs (issue 16 item 4), through the library's own settings.
 
-k and the prefetch depth are ``EvidenceSearcher`` parameters. The others go through the Edge
-index's internals (``EdgeIndex._live()``, ``._bm25``, the ``EdgeIndex`` constructor): they are
-what the library would have to expose to make them settings: weights in
-``EvidenceIndex.query``, and a BM25 ``avg_len`` stored with the generation. A scratch shard is
-built for the BM25 and fragment-text variants; the published shard is never changed.
+Fusion (``rrf_k``, ``prefetch_limit``, ``rrf_weights``) is a searcher setting (thoth.yaml's
+``index`` section, read by ``EvidenceSearcher.for_workspace``): a variant sets it on the
+searcher. BM25 (``bm25_avg_len``, ``bm25_stopwords``) is a setting of the publication: a variant
+writes it into the workspace's thoth.yaml, commits, activates and publishes again (fragment
+vectors come from the vector cache), and the generation records it. Only the fragment without
+its header has no setting (it was not adopted): a scratch Edge shard with the same points,
+texts re-embedded. bench/sweep.py compares many variants at once on scratch shards.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import log
+from _common import git, log, tht
 
 
 @dataclass(frozen=True)
@@ -24,110 +24,138 @@ class Variant:
     rrf_k: int | None = None
     prefetch: int | None = None
     weights: tuple[float, float] | None = None
-    bm25_avg_len: str | None = None  # a number or "measured"
+    bm25_avg_len: str | None = None  # a number or "corpus"
+    bm25_stopwords: tuple[str, ...] | None = None
     no_header: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, False)}
 
+    def publication(self) -> dict[str, Any]:
+        """The thoth.yaml ``index`` keys this variant publishes with (empty: none)."""
+        out: dict[str, Any] = {}
+        if self.bm25_avg_len is not None:
+            out["bm25_avg_len"] = (self.bm25_avg_len if self.bm25_avg_len == "corpus"
+                                   else float(self.bm25_avg_len))
+        if self.bm25_stopwords is not None:
+            out["bm25_stopwords"] = list(self.bm25_stopwords)
+        return out
 
-def weighted_fused(searcher: Any, text: str, dense: Any, match: dict[str, Any], limit: int,
-                   weights: tuple[float, float]) -> list[Any]:
-    """RRF with per-branch weights (dense, BM25). ``EvidenceIndex.query`` has no weights, so the
-    runtime's fused request is rebuilt on the Edge shard through its internals (``_live``,
-    ``_bm25``): what the library would have to expose to make this a setting."""
-    import qdrant_edge as qe
 
-    from evidence_runtime.index import BM25_VECTOR, EdgeIndex, Hit
-    from evidence_runtime.index.base import as_floats, sorted_hits
-    from evidence_runtime.index.edge import edge_filter
+def set_index_settings(ws: Path, settings: dict[str, Any]) -> bool:
+    """Write ``settings`` into thoth.yaml's ``index`` section; True when the file changed."""
+    from evidence_pipeline.authoring.curated_writer import dump_rt
+    from evidence_runtime.yamlio import load_rt
 
-    index = searcher.index()
-    if not isinstance(index, EdgeIndex):
-        raise SystemExit("--weights needs the Edge engine")
-    flt = edge_filter(match)
-    req = qe.QueryRequest(
-        limit=limit,
-        prefetches=[
-            qe.Prefetch(limit=searcher.prefetch_limit, query=qe.Query.Nearest(as_floats(dense)),
-                        filter=flt),
-            qe.Prefetch(limit=searcher.prefetch_limit, query=qe.Query.Nearest(
-                index._bm25.embed_query(text), using=BM25_VECTOR), filter=flt)],
-        query=qe.Fusion.Rrf(k=searcher.rrf_k, weights=list(weights)), with_payload=True)
-    return sorted_hits([Hit(str(p.id), p.score, dict(p.payload or {}))
-                        for p in index._live().query(req)])
+    path = ws / "thoth.yaml"
+    text = path.read_text(encoding="utf-8")
+    doc = load_rt(text, path=str(path))
+    index = doc.setdefault("index", {})
+    for key, value in settings.items():
+        index[key] = value
+    new = dump_rt(doc)
+    if new == text:
+        return False
+    path.write_text(new, encoding="utf-8")
+    return True
+
+
+def republish(ws: Path, settings: dict[str, Any], why: str) -> dict[str, Any] | None:
+    """Publish ``ws`` again with ``settings`` in thoth.yaml (commit, activate, preprocess);
+    None when thoth.yaml already had them and the active generation was built with them."""
+    changed = set_index_settings(ws, settings)
+    if not changed and not _stale(ws):
+        return None
+    log(f"[quality] publishing {ws.name} again: {why}")
+    if changed:
+        git(ws, "commit", "-q", "-am", f"index settings: {settings}")
+    tht("workspace", "activate", str(ws))
+    published, _ = tht("workspace", "preprocess", "evidence", str(ws))
+    return published
+
+
+def _stale(ws: Path) -> bool:
+    """Whether the active generation's BM25 settings differ from what thoth.yaml gives now."""
+    from evidence_runtime.index.base import DEFAULT_BM25_AVG_LEN
+    from evidence_runtime.registry import Registry
+    from evidence_runtime.search import generation_bm25
+    from evidence_runtime.workspace import load_workspace
+
+    w = load_workspace(ws)
+    with Registry.open(w.registry_url) as registry:
+        _rev, gen = registry.active_state(w.config.workspace_id)
+    if gen is None:
+        return True
+    recorded = generation_bm25(gen, w.config.language)
+    cfg = w.config.index
+    if recorded.stopwords != tuple(sorted(set(cfg.bm25_stopwords))):
+        return True
+    if cfg.bm25_avg_len == "corpus":  # measured at publication: was it?
+        return recorded.avg_len == DEFAULT_BM25_AVG_LEN
+    return recorded.avg_len != float(cfg.bm25_avg_len)
 
 
 def open_searcher(ws: Path, variant: Variant, embedder: Any, scratch: Path
                   ) -> tuple[Any, dict[str, Any]]:
-    """The workspace's searcher with the variant's parameters; for a BM25 or fragment-text
-    variant, over a scratch Edge shard holding the same points (the published one is never
-    changed). Returns the searcher and what the scratch shard was built with."""
+    """The workspace's searcher (its thoth.yaml settings) with the variant's fusion settings;
+    for ``no_header``, over a scratch Edge shard holding the same points with other texts (the
+    published one is never changed). Returns the searcher and what a scratch shard was built
+    with (empty: none)."""
     from evidence_runtime.search import EvidenceSearcher
 
     searcher = EvidenceSearcher.for_workspace(ws, embedder=embedder)
+    _fusion(searcher, variant)
+    if not variant.no_header:
+        return searcher, {}
+    idx, built = scratch_index(searcher, scratch, embedder=embedder)
+    searcher.close()  # releases the published shard
+    scratch_searcher = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx)
+    _fusion(scratch_searcher, variant)
+    return scratch_searcher, built
+
+
+def _fusion(searcher: Any, variant: Variant) -> None:
     if variant.rrf_k is not None:
         searcher.rrf_k = variant.rrf_k
     if variant.prefetch is not None:
         searcher.prefetch_limit = variant.prefetch
-    if variant.bm25_avg_len is None and not variant.no_header:
-        return searcher, {}
-    idx, built = scratch_index(searcher.index(), scratch, language=searcher.language,
-                               avg_len=variant.bm25_avg_len,
-                               reshape=without_header if variant.no_header else None,
-                               embedder=embedder)
-    searcher.close()  # releases the published shard
-    scratch_searcher = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx)
-    scratch_searcher.rrf_k, scratch_searcher.prefetch_limit = searcher.rrf_k, \
-        searcher.prefetch_limit
-    return scratch_searcher, built
+    if variant.weights is not None:
+        searcher.rrf_weights = variant.weights
 
 
-def scratch_index(index: Any, path: Path, *, language: str, avg_len: str | None,
-                  reshape: Callable[[dict[str, Any]], str] | None, embedder: Any
-                  ) -> tuple[Any, dict[str, Any]]:
-    """A new Edge shard with the published points: same payloads and dense vectors, BM25 with
-    ``avg_len`` (a number, ``measured`` = mean distinct tokens per fragment, or the default
-    256); with ``reshape``, each point gets another text, embedded with the passage model."""
+def scratch_index(searcher: Any, path: Path, *, embedder: Any) -> tuple[Any, dict[str, Any]]:
+    """A new Edge shard with the active generation's points, each fragment without its header
+    (re-embedded with the passage model), BM25 with the generation's own settings."""
     import qdrant_edge as qe
 
-    from evidence_runtime.index import BM25_VECTOR, EdgeIndex
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.search import generation_bm25
 
-    shard = index._live()
+    state = searcher.resolve_generation()
+    if not isinstance(state, tuple):
+        raise SystemExit(f"search unavailable ({state.code}): {state.message}")
+    gen = state[0]
+    shard = searcher.index()._live()  # payloads: no reader API returns whole points
     records: list[Any] = []
     offset = None
     while True:
         page, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=1024,
-                                                     with_payload=True, with_vector=True))
+                                                     with_payload=True, with_vector=False))
         records.extend(page)
         if offset is None:
             break
-    texts = [reshape(dict(r.payload)) if reshape else r.payload["text"] for r in records]
-    default = qe.Bm25(qe.Bm25Config(language=language))
-    measured = sum(len(default.embed_query(t).indices) for t in texts) / max(1, len(texts))
-    length = 256.0 if avg_len is None else float(round(measured)) if avg_len == "measured" \
-        else float(avg_len)
-    if reshape is not None:
-        log(f"[quality] embedding {len(texts)} reshaped fragments")
-        dense = [list(map(float, v)) for v in embedder.embed_passages(texts)]
-    else:
-        dense = [list(r.vector[""] if isinstance(r.vector, dict) else r.vector)
-                 for r in records]
-    bm25 = qe.Bm25(qe.Bm25Config(language=language, avg_len=length))
+    texts = [without_header(dict(r.payload)) for r in records]
+    log(f"[quality] embedding {len(texts)} fragments without their header")
+    dense = embedder.embed_passages(texts)
     if path.exists():
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = qe.EdgeShard.create(str(path), qe.EdgeConfig(
-        vectors=qe.EdgeVectorParams(size=len(dense[0]), distance=qe.Distance.Cosine),
-        sparse_vectors={BM25_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}))
-    points = [qe.Point(r.id, {"": dense[i], BM25_VECTOR: bm25.embed_document(texts[i])},
-                       {**dict(r.payload), "text": texts[i]}) for i, r in enumerate(records)]
-    for start in range(0, len(points), 256):
-        new.update(qe.UpdateOperation.upsert_points(points[start:start + 256]))
-    new.flush()
-    built = {"fragments": len(points), "bm25_avg_len": length,
-             "mean_distinct_tokens": round(measured, 1), "reshaped": reshape is not None}
-    return EdgeIndex(path, new, language=language, bm25=bm25), built
+    index = EdgeIndexWriter.open(path, language=searcher.language, dense_dim=int(dense.shape[1]))
+    index.ensure_schema(dense_dim=int(dense.shape[1]))
+    index.upsert([IndexPoint(id=str(r.id), dense=dense[i], text=texts[i],
+                             payload={**dict(r.payload), "text": texts[i]})
+                  for i, r in enumerate(records)], bm25=generation_bm25(gen, searcher.language))
+    return index, {"fragments": len(records), "header": False}
 
 
 def close(searcher: Any, built: dict[str, Any]) -> None:
