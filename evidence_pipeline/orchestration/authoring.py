@@ -6,6 +6,11 @@ step per changed source only (an unchanged source produces no step and no model 
 ``collect()`` one step takes every proposal in, checks the whole batch and applies it all or
 nothing — the functions ``tht evidence prepare`` runs, in the same order. The partitioned assets
 run the same functions for one source from the UI (a preview: nothing is written).
+
+Every stage records a data version: a source's is its hash, so an unchanged source materializes
+``source_file`` with the hash it had (the partition is not "Missing", a backfill over unchanged
+sources ends green) and, having no output, runs nothing downstream. Steps run in the pool
+``authoring`` (``dagster.yaml``: one authoring run at a time, never holding back publishing).
 """
 
 import hashlib
@@ -16,7 +21,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.authoring.manifest import empty_manifest, read_manifest
+from evidence_pipeline.authoring.manifest import MANIFEST_NAME, empty_manifest, read_manifest
 from evidence_pipeline.authoring.planner import SourceProposal, SourceReport
 from evidence_pipeline.authoring.prepare import (
     RESTRUCTURED,
@@ -30,7 +35,14 @@ from evidence_pipeline.authoring.prepare import (
 )
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change, SourceChange, SourceError, compare, intake
-from evidence_pipeline.orchestration.metadata import corpus_metadata, problems_table
+from evidence_pipeline.orchestration.metadata import (
+    CURATORS,
+    catalog,
+    corpus_metadata,
+    digest,
+    problems_table,
+    version_tags,
+)
 from evidence_pipeline.orchestration.operations import preview_metadata, preview_source, refusals
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
@@ -41,16 +53,39 @@ from evidence_pipeline.orchestration.partitions import (
 )
 from evidence_pipeline.orchestration.progress import forward
 from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
+from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Severity, ValidationReport
 from evidence_pipeline.validation.validator import validate_corpus
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.workspace import Workspace
 
 GROUP = "authoring"
+POOL = "authoring"
+CATALOG = catalog(GROUP, CURATORS)
 
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _source_version(change: SourceChange) -> str:
+    """The data version of ``source_file``: the source's sha256 (as the manifest records it)."""
+    assert change.source is not None
+    return change.source.sha256.removeprefix("sha256:")
+
+
+def _proposal_version(proposal: SourceProposal) -> str:
+    """The data version of ``restructured_units``: the proposed units (or the model's error)."""
+    if proposal.reply is None:
+        failure = proposal.failure
+        return digest({"failure": [failure.code, failure.message] if failure else None})
+    return digest({"units": [[u.id, u.data, u.body] for u in proposal.reply.units],
+                   "retire": list(proposal.reply.retirement_candidates)})
+
+
+def _report_version(report: SourceReport) -> str:
+    """The data version of ``validated_units``: the unit ids the source ends with."""
+    return digest({"path": report.path, "units": list(report.units)})
 
 
 def source_change(ws: Workspace, path: str) -> SourceChange:
@@ -92,24 +127,31 @@ def _proposal_metadata(proposal: SourceProposal) -> dict[str, Any]:
 
 
 @dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, output_required=False,
-          kinds={"markdown"})
+          kinds={"markdown"}, pool=POOL, **CATALOG)
 def source_file(context: dg.AssetExecutionContext,
                 workspace: WorkspaceResource) -> Iterator[dg.Output[SourceChange]]:
-    """A source note taken in and hashed; only a changed or new source materializes."""
+    """A source note taken in and hashed (the hash is its data version); only a changed or new
+    source goes on to the model step."""
     ws = workspace.load()
     change = source_change(ws, check_source_key(context.partition_key))
+    src = change.source
+    assert src is not None  # a partition names a file that exists
+    metadata = {"sha256": src.sha256, "change": change.change.value,
+                "characters": dg.MetadataValue.int(len(src.text))}
     if change.change not in RESTRUCTURED:
-        # no output: nothing downstream runs, so no model call for an unchanged source
+        # materialized with the hash it has, but no output: nothing downstream runs, so no
+        # model call for an unchanged source
+        context.log_event(dg.AssetMaterialization(
+            context.asset_key, partition=change.path, metadata=metadata,
+            tags=version_tags(_source_version(change))))
         context.log.info(f"{change.path}: {change.change.value}, nothing to restructure")
         return
-    src = change.source
-    assert src is not None
-    yield dg.Output(change, data_version=dg.DataVersion(src.sha256.removeprefix("sha256:")),
-                    metadata={"sha256": src.sha256, "change": change.change.value,
-                              "characters": dg.MetadataValue.int(len(src.text))})
+    yield dg.Output(change, data_version=dg.DataVersion(_source_version(change)),
+                    metadata=metadata)
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"})
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"}, pool=POOL,
+          **CATALOG)
 def normalized_source(source_file: SourceChange) -> dg.Output[SourceChange]:
     """The source's mechanical normalization (§5.2), as intake computed it."""
     src = source_file.source
@@ -120,7 +162,8 @@ def normalized_source(source_file: SourceChange) -> dg.Output[SourceChange]:
                                "normalization_changed_text": src.normalized != src.text})
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"llm"})
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"llm"}, pool=POOL,
+          **CATALOG)
 def restructured_units(normalized_source: SourceChange, workspace: WorkspaceResource,
                        model: ModelBackendResource) -> dg.Output[SourceProposal]:
     """The one model call for a changed source: its proposed units (not yet written)."""
@@ -130,10 +173,12 @@ def restructured_units(normalized_source: SourceChange, workspace: WorkspaceReso
         raise SourceError("the source or the manifest changed since the source was hashed; "
                           "materialize it again", path=change.path, code="source_changed")
     proposal = call_model(model.make(ws), model_request(plan, change))
-    return dg.Output(proposal, metadata=_proposal_metadata(proposal))
+    return dg.Output(proposal, data_version=dg.DataVersion(_proposal_version(proposal)),
+                     metadata=_proposal_metadata(proposal))
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP)
+@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"}, pool=POOL,
+          **CATALOG)
 @refusals
 def validated_units(restructured_units: SourceProposal,
                     workspace: WorkspaceResource) -> dg.Output[SourceReport]:
@@ -142,7 +187,8 @@ def validated_units(restructured_units: SourceProposal,
     plan, _ = _plan_for(workspace.load(), restructured_units.path)
     planner, diff = preview_source(plan, restructured_units)
     report = next(r for r in planner.reports if r.path == restructured_units.path)
-    return dg.Output(report, metadata=preview_metadata(planner, report.path, diff))
+    return dg.Output(report, data_version=dg.DataVersion(_report_version(report)),
+                     metadata=preview_metadata(planner, report.path, diff))
 
 
 # --- the batch: every changed source, then one all-or-nothing apply ------------------------------
@@ -175,8 +221,29 @@ class BatchPlan:
     upgrade: bool
 
 
+def _change_counts(plan: PreparePlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for change in plan.changes:
+        counts[change.change.value] = counts.get(change.change.value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _log_hashes(context: dg.OpExecutionContext, plan: PreparePlan) -> None:
+    """``source_file`` of every source with a partition, at the hash it has now (one summary
+    line in the log, not one per source)."""
+    for change in plan.changes:
+        if change.source is not None and is_source_key(change.path):
+            context.log_event(dg.AssetMaterialization(
+                "source_file", partition=change.path,
+                metadata={"sha256": change.source.sha256, "change": change.change.value,
+                          "characters": dg.MetadataValue.int(len(change.source.text))},
+                tags=version_tags(_source_version(change))))
+    context.log.info(f"{len(plan.changes)} source(s) hashed: " + ", ".join(
+        f"{n} {what}" for what, n in _change_counts(plan).items()))
+
+
 @dg.op(ins={"after": dg.In(dg.Nothing)},
-       out={"steps": dg.DynamicOut(SourceStep), "plan": dg.Out(BatchPlan)})
+       out={"steps": dg.DynamicOut(SourceStep), "plan": dg.Out(BatchPlan)}, pool=POOL)
 def plan_sources(context: dg.OpExecutionContext, config: PrepareConfig,
                  workspace: WorkspaceResource) -> Iterator[dg.Output | dg.DynamicOutput]:
     """Hash every source against the manifest; one step per changed source, none otherwise."""
@@ -190,17 +257,16 @@ def plan_sources(context: dg.OpExecutionContext, config: PrepareConfig,
         plan = plan_prepare(session, upgrade=config.upgrade)
         steps = [SourceStep(c, model_request(plan, c), config.backend)
                  for c in plan.to_restructure()]
+    _log_hashes(context, plan)
     for step in steps:
         yield dg.DynamicOutput(step, mapping_key=mapping_key(step.change.path),
                                output_name="steps")
-    counts: dict[str, int] = {}
-    for change in plan.changes:
-        counts[change.change.value] = counts.get(change.change.value, 0) + 1
     yield dg.Output(BatchPlan(plan.fingerprint(), recovered, config.upgrade), output_name="plan",
-                    metadata={k: dg.MetadataValue.int(v) for k, v in sorted(counts.items())})
+                    metadata={k: dg.MetadataValue.int(v)
+                              for k, v in _change_counts(plan).items()})
 
 
-@dg.op
+@dg.op(pool=POOL)
 def restructure_source(context: dg.OpExecutionContext, step: SourceStep,
                        workspace: WorkspaceResource,
                        model: ModelBackendResource) -> SourceProposal:
@@ -210,21 +276,21 @@ def restructure_source(context: dg.OpExecutionContext, step: SourceStep,
     key = step.change.path
     src = step.change.source
     assert src is not None
-    if is_source_key(key):
-        context.log_event(dg.AssetMaterialization(
-            "source_file", partition=key,
-            metadata={"sha256": src.sha256, "change": step.change.change.value}))
+    if is_source_key(key):  # source_file was recorded by plan_sources
+        normalized = _digest(src.normalized)
         context.log_event(dg.AssetMaterialization(
             "normalized_source", partition=key,
-            metadata={"characters": dg.MetadataValue.int(len(src.normalized))}))
+            metadata={"characters": dg.MetadataValue.int(len(src.normalized))},
+            tags=version_tags(normalized, {"source_file": _source_version(step.change)})))
         context.log_event(dg.AssetMaterialization(
-            "restructured_units", partition=key, metadata=_proposal_metadata(proposal)))
+            "restructured_units", partition=key, metadata=_proposal_metadata(proposal),
+            tags=version_tags(_proposal_version(proposal), {"normalized_source": normalized})))
     else:
         context.log.warning(f"{key!r} has no valid partition key; no per-source record")
     return proposal
 
 
-@dg.op
+@dg.op(pool=POOL)
 def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
                   proposals: list[SourceProposal],
                   workspace: WorkspaceResource) -> dg.Output[PrepareResult]:
@@ -233,11 +299,15 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
     if plan.fingerprint is None:
         return dg.Output(recovered_result(plan.recovered), metadata={"status": "recovered"})
     by_path = {p.path: p for p in proposals}
+    unchanged: list[SourceReport] = []
 
     def progress(report: SourceReport) -> None:
-        renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
-        context.log.info(f"{report.change.value}: {report.path}{renamed}, "
-                         f"{len(report.units)} unit(s)")
+        if report.change is Change.unchanged:
+            unchanged.append(report)  # one summary line for all of them, below
+        else:
+            renamed = f" (from {report.renamed_from})" if report.renamed_from else ""
+            context.log.info(f"{report.change.value}: {report.path}{renamed}, "
+                             f"{len(report.units)} unit(s)")
         forward(report)
 
     with AuthoringSession.open(ws, what="prepare") as session:
@@ -253,14 +323,21 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
         # the model steps have all run: every source's problem is reported
         result = apply_plan(current, lambda change: by_path[change.path], progress=progress,
                             stop_at_model_failure=False)
+    if unchanged:
+        context.log.info(f"unchanged: {len(unchanged)} source(s), "
+                         f"{sum(len(r.units) for r in unchanged)} unit(s)")
     result = result.model_copy(update={"recovered": recovered})
     for report in result.sources:
         if report.change in (Change.changed, Change.new) and is_source_key(report.path):
             context.log_event(dg.AssetMaterialization(
                 "validated_units", partition=report.path,
                 metadata={"units": dg.MetadataValue.int(len(report.units)),
-                          "unit_ids": ", ".join(report.units)}))
-    return dg.Output(result, metadata={
+                          "unit_ids": ", ".join(report.units)},
+                tags=version_tags(_report_version(report), {
+                    "restructured_units": _proposal_version(by_path[report.path])})))
+    manifest = ws.evidence_dir / MANIFEST_NAME
+    version = _digest(manifest.read_text(encoding="utf-8")) if manifest.is_file() else "none"
+    return dg.Output(result, data_version=dg.DataVersion(version), metadata={
         "status": result.status,
         "model_calls": dg.MetadataValue.int(result.model_calls),
         "files_written": dg.MetadataValue.int(len(result.written)),
@@ -273,7 +350,8 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
     })
 
 
-@dg.graph_asset(group_name=GROUP, ins={"validated_units": dg.AssetIn(dagster_type=dg.Nothing)})
+@dg.graph_asset(group_name=GROUP, ins={"validated_units": dg.AssetIn(dagster_type=dg.Nothing)},
+                kinds={"git"}, **CATALOG)
 def applied_batch(validated_units: Any) -> Any:
     """Every changed source restructured, then curated files and manifest applied all or
     nothing (``tht evidence prepare``)."""
@@ -284,12 +362,21 @@ def applied_batch(validated_units: Any) -> Any:
 # --- the work tree after the batch ---------------------------------------------------------------
 
 
-@dg.asset(group_name=GROUP, deps=[applied_batch])
+def corpus_version(report: ValidationReport, loaded: list[LoadedUnit]) -> str:
+    """The data version of a validated corpus: every curated file's content and the verdict."""
+    return digest({"status": report.status.value,
+                   "problems": [p.line() for p in report.problems],
+                   "files": [[item.rel_path, item.doc.data() if item.doc else None,
+                              item.doc.body if item.doc else None] for item in loaded]})
+
+
+@dg.asset(group_name=GROUP, deps=[applied_batch], kinds={"markdown"}, pool=POOL, **CATALOG)
 def curated_corpus(workspace: WorkspaceResource) -> dg.Output[ValidationReport]:
     """The curated units of the work tree validated (``tht evidence validate``)."""
     ws = workspace.load()
     report, loaded = validate_corpus(ws)
-    return dg.Output(report, metadata=corpus_metadata(report, loaded))
+    return dg.Output(report, data_version=dg.DataVersion(corpus_version(report, loaded)),
+                     metadata=corpus_metadata(report, loaded))
 
 
 def validation_result(report: ValidationReport, *, review_blocks: bool) -> dg.AssetCheckResult:

@@ -1,18 +1,76 @@
-"""Metadata the Dagster UI shows: counts per kind, problems, review items, evaluation tables."""
+"""What the Dagster catalog shows: owners, tags, the code version and data versions of the
+assets, and their metadata (counts per kind, problems, review items, evaluation tables)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from importlib import metadata, resources
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.data_version import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    NULL_EVENT_POINTER,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
 
+from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
 
 MAX_ROWS = 100
+CURATORS = "team:curators"
+OPERATORS = "team:operators"
+
+
+@cache
+def code_version() -> str:
+    """The code version of every asset: the package version, then a hash of what decides its
+    output beyond the package (the manifest's pipeline_version and the model prompts).
+
+    Without one, Dagster takes the run id, and every run marks everything downstream as
+    "upstream code changed"."""
+    digest = hashlib.sha256(f"pipeline_version={PIPELINE_VERSION}".encode())
+    prompts = resources.files("evidence_pipeline.authoring") / "prompts"
+    for name in sorted(p.name for p in prompts.iterdir() if p.name.endswith(".md")):
+        digest.update(b"\0" + name.encode() + b"\0" + (prompts / name).read_bytes())
+    return f"{metadata.version('thoth-evidence')}+{digest.hexdigest()[:12]}"
+
+
+def catalog(stage: str, owner: str) -> dict[str, Any]:
+    """Owners, tags and code version of an asset of ``stage`` (authoring, publishing,
+    monitoring): ``@dg.asset(..., **catalog("authoring", CURATORS))``."""
+    return {"owners": [owner], "tags": {"tht/stage": stage}, "code_version": code_version()}
+
+
+def digest(value: Any) -> str:
+    """A data version for ``value``: sha256 of its canonical JSON (str, lists, dicts, numbers)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def version_tags(data_version: str, inputs: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The tags that give a materialization logged with ``context.log_event`` its data version,
+    code version and inputs' data versions, as ``dg.Output(data_version=...)`` records them for
+    the step's own asset: the UI then shows the version and what is stale per partition.
+
+    An input's event pointer is left unset (its storage id is not known while the step runs):
+    Dagster then compares the input's data versions only."""
+    tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+            CODE_VERSION_TAG: code_version()}
+    for key, version in (inputs or {}).items():
+        tags[get_input_data_version_tag(dg.AssetKey(key))] = version
+        tags[get_input_event_pointer_tag(dg.AssetKey(key))] = NULL_EVENT_POINTER
+    return tags
 
 
 def _cell(value: Any) -> str:

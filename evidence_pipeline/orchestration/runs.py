@@ -80,14 +80,17 @@ def _execute(job_name: str, root: Path, run_config: dict[str, Any],
             listening,
             remember_failure,
         )
+        from evidence_runtime.workspace import load_workspace
 
         job = defs.resolve_job_def(job_name).with_hooks({remember_failure})
+        # the workspace id, as the sensor's runs are tagged: one value per workspace
+        wid = load_workspace(root).config.workspace_id
         with _instance() as instance, capturing_failures() as failures, \
                 listening(progress or (lambda _item: None)):
             result = job.execute_in_process(
                 run_config={**run_config, **QUIET}, instance=instance,
                 resources=_resources(root), raise_on_error=False,
-                tags={"tht/trigger": "cli", "tht/workspace": str(Path(root).resolve())})
+                tags={"tht/trigger": "cli", "tht/workspace": wid})
     return result, failures
 
 

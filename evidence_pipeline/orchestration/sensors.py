@@ -13,7 +13,10 @@ from evidence_pipeline.orchestration.resources import WorkspaceResource
 from evidence_pipeline.publishing.publish import open_registry
 
 
-@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Every 30 s: one partition per source file under evidence/source/ "
+                       "(added for a new file, removed for a deleted or renamed one); a file "
+                       "whose name cannot be a partition key is named in the tick's log.")
 def source_partitions_sensor(context: dg.SensorEvaluationContext,
                              workspace: WorkspaceResource) -> dg.SensorResult | dg.SkipReason:
     """Add a partition per new source file, remove those of deleted or renamed files."""
@@ -29,7 +32,10 @@ def source_partitions_sensor(context: dg.SensorEvaluationContext,
 
 
 @dg.sensor(job=publish_job, minimum_interval_seconds=60,
-           default_status=dg.DefaultSensorStatus.RUNNING)
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Every 60 s: launches publish once for a revision activated with `tht "
+                       "workspace activate` that no active generation serves yet (search "
+                       "answers revision_mismatch until it runs); a rollback needs no run.")
 def activated_revision_sensor(context: dg.SensorEvaluationContext,
                               workspace: WorkspaceResource) -> dg.RunRequest | dg.SkipReason:
     """Publish a newly activated revision (once per revision; a rollback needs no run)."""
@@ -43,4 +49,5 @@ def activated_revision_sensor(context: dg.SensorEvaluationContext,
         return dg.SkipReason(f"generation {generation.number} serves revision {revision[:12]}")
     context.update_cursor(revision)
     return dg.RunRequest(run_key=f"{wid}:{revision}",
-                         tags={"tht/workspace": wid, "tht/revision": revision})
+                         tags={"tht/trigger": "sensor", "tht/workspace": wid,
+                               "tht/revision": revision})
