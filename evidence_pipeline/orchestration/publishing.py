@@ -1,25 +1,47 @@
 """Publishing assets: the activated revision becomes an evaluated, active generation.
 
 Each asset is one stage of ``tht workspace preprocess evidence`` and calls the same function:
-validation and the evaluation gate are blocking asset checks, so fragments are never cut from
-an unpublishable corpus and ``active_generation`` never runs after a failed gate (the previous
+validation and the evaluation gate are blocking asset checks, so no candidate is built from an
+unpublishable corpus and ``active_generation`` never runs after a failed gate (the previous
 generation stays active). Each step opens and closes the index itself: an embedded Qdrant Edge
-shard is held by one process at a time.
+shard is held by one process at a time. The steps of a publish run are in the pool ``index``
+(``dagster.yaml``: one such run at a time, never queued behind runs of the pool ``authoring``,
+to which the per-source assets below belong).
+
+Fragments and dense vectors are per source: ``evidence_fragments`` and ``fragment_embeddings``
+are partitioned like the sources (a unit belongs to the source its provenance names), each
+partition with its data version, so the UI shows per source what changed. One source's can be
+materialized on its own (it warms the vector cache). ``candidate_generation`` consumes them all:
+in a publish run it cuts and embeds the whole revision with the functions ``preprocess`` calls
+(an unchanged fragment comes from the vector cache: no work) and records every source's
+partitions of both assets, then uploads the candidate.
 """
 
 import contextlib
+import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
+from evidence_pipeline.orchestration.authoring import POOL as AUTHORING_POOL
 from evidence_pipeline.orchestration.authoring import curated_corpus, validation_result
 from evidence_pipeline.orchestration.metadata import (
+    OPERATORS,
+    catalog,
     corpus_metadata,
+    digest,
     evaluation_metadata,
     misses_metadata,
+    version_tags,
 )
 from evidence_pipeline.orchestration.operations import refusals
+from evidence_pipeline.orchestration.partitions import (
+    SOURCE_PARTITIONS,
+    check_source_key,
+    sync_source_partitions,
+)
 from evidence_pipeline.orchestration.progress import tell
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
@@ -50,6 +72,9 @@ from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_runtime.workspace import Workspace
 
 GROUP = "publishing"
+POOL = "index"  # a publish run: its steps open the index, or lead to those that do
+SOURCE_POOL = AUTHORING_POOL  # one source's fragments or vectors: never the index
+CATALOG = catalog(GROUP, OPERATORS)
 
 Fragments = list[tuple[LoadedUnit, Fragment]]
 
@@ -70,7 +95,34 @@ def _index(ws: Workspace, index: IndexResource, dense_dim: int
         ws, dense_dim, lambda w, dim: index.open(w, dense_dim=dim)))
 
 
-@dg.asset(group_name=GROUP, deps=[curated_corpus], kinds={"git"})
+def fragments_version(frags: Fragments) -> str:
+    """The data version of one source's fragments: ids, ordinals and texts."""
+    return digest([[f.evidence_id, f.ordinal, f.text] for _, f in frags])
+
+
+def vectors_version(model_id: str, fragments: str) -> str:
+    """The data version of one source's vectors: the model and the fragments' version."""
+    return digest({"model": model_id, "fragments": fragments})
+
+
+def by_source(frags: Fragments) -> dict[str, Fragments]:
+    """The fragments of each source (the one their unit's provenance names), in order."""
+    out: dict[str, Fragments] = defaultdict(list)
+    for item, fragment in frags:
+        assert item.unit is not None
+        out[item.unit.provenance.source_file].append((item, fragment))
+    return out
+
+
+def _fragments_metadata(ws: Workspace, frags: Fragments) -> dict[str, Any]:
+    return {"fragments": dg.MetadataValue.int(len(frags)),
+            "units": dg.MetadataValue.int(len({f.evidence_id for _, f in frags})),
+            "longest_fragment_chars": dg.MetadataValue.int(
+                max((len(f.text) for _, f in frags), default=0)),
+            "max_chunk_chars": dg.MetadataValue.int(ws.config.embeddings.max_chunk_chars)}
+
+
+@dg.asset(group_name=GROUP, deps=[curated_corpus], kinds={"git"}, pool=POOL, **CATALOG)
 @refusals
 def published_corpus(context: dg.AssetExecutionContext,
                      workspace: WorkspaceResource) -> dg.Output[PublishedCorpus]:
@@ -80,8 +132,9 @@ def published_corpus(context: dg.AssetExecutionContext,
         revision = activated_revision(ws, registry)
     tell(context, f"revision {revision[:12]}: materializing from Git")
     corpus = materialize_corpus(ws, revision)
-    return dg.Output(corpus, metadata={"revision": revision,
-                                       **corpus_metadata(corpus.report, corpus.loaded)})
+    return dg.Output(corpus, data_version=dg.DataVersion(revision),
+                     metadata={"revision": revision,
+                               **corpus_metadata(corpus.report, corpus.loaded)})
 
 
 @dg.asset_check(asset=published_corpus, blocking=True)
@@ -90,65 +143,103 @@ def publishable(published_corpus: PublishedCorpus) -> dg.AssetCheckResult:
     return validation_result(published_corpus.report, review_blocks=True)
 
 
-@dg.asset(group_name=GROUP)
+@dg.asset(group_name=GROUP, partitions_def=SOURCE_PARTITIONS, kinds={"markdown"},
+          pool=SOURCE_POOL, **CATALOG)
 @refusals
 def evidence_fragments(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                        published_corpus: PublishedCorpus) -> dg.Output[Fragments]:
-    """Every unit cut into fragments no longer than max_chunk_chars (atomic elements whole)."""
+    """One source's units in the activated revision, cut into fragments no longer than
+    max_chunk_chars (atomic elements whole)."""
     ws = workspace.load()
-    frags = cut_fragments(ws, published_corpus.loaded)
-    tell(context, f"{len(published_corpus.loaded)} units → {len(frags)} fragments")
-    longest = max((len(f.text) for _, f in frags), default=0)
-    return dg.Output(frags, metadata={
-        "fragments": dg.MetadataValue.int(len(frags)),
-        "units": dg.MetadataValue.int(len(published_corpus.loaded)),
-        "longest_fragment_chars": dg.MetadataValue.int(longest),
-        "max_chunk_chars": dg.MetadataValue.int(ws.config.embeddings.max_chunk_chars)})
+    source = check_source_key(context.partition_key)
+    units = [item for item in published_corpus.loaded
+             if item.unit is not None and item.unit.provenance.source_file == source]
+    frags = cut_fragments(ws, units)
+    tell(context, f"{source}: {len(units)} unit(s) → {len(frags)} fragment(s)")
+    return dg.Output(frags, data_version=dg.DataVersion(fragments_version(frags)),
+                     metadata=_fragments_metadata(ws, frags))
 
 
-@dg.asset(group_name=GROUP, kinds={"numpy"})
+@dg.asset(group_name=GROUP, partitions_def=SOURCE_PARTITIONS, kinds={"numpy"},
+          pool=SOURCE_POOL, **CATALOG)
 @refusals
 def fragment_embeddings(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                         embedder: EmbedderResource,
                         evidence_fragments: Fragments) -> dg.Output[FragmentVectors]:
-    """Dense vectors of the fragments; a fragment already embedded comes from the cache."""
+    """Dense vectors of one source's fragments; a fragment already embedded comes from the
+    vector cache (no work)."""
     ws = workspace.load()
     emb, vectors, computed = embed_fragments(ws, evidence_fragments, embedder.make(ws))
     tell(context, f"embedded {computed} new fragment(s), "
                   f"{len(evidence_fragments) - computed} from cache")
-    return dg.Output(FragmentVectors(vectors, computed, emb.model_id), metadata={
-        "embedded": dg.MetadataValue.int(computed),
-        "from_cache": dg.MetadataValue.int(len(evidence_fragments) - computed),
-        "model": emb.model_id, "dim": dg.MetadataValue.int(emb.dim)})
+    version = vectors_version(emb.model_id, fragments_version(evidence_fragments))
+    return dg.Output(FragmentVectors(vectors, computed, emb.model_id),
+                     data_version=dg.DataVersion(version), metadata={
+                         "embedded": dg.MetadataValue.int(computed),
+                         "from_cache": dg.MetadataValue.int(len(evidence_fragments) - computed),
+                         "model": emb.model_id, "dim": dg.MetadataValue.int(emb.dim)})
 
 
-@dg.asset(group_name=GROUP, kinds={"qdrant"})
+def _record_sources(context: dg.AssetExecutionContext, ws: Workspace, revision: str,
+                    frags: Fragments, model_id: str) -> int:
+    """Record ``evidence_fragments`` and ``fragment_embeddings`` of every source partition (the
+    partitions brought in step with ``source/`` first), as this run computed them (a partition
+    with no unit in the revision: 0 fragments). Returns how many fragments belong to no
+    partition (published all the same)."""
+    sync_source_partitions(context.instance, ws.evidence_dir)
+    keys = set(context.instance.get_dynamic_partitions(SOURCE_PARTITIONS.name))
+    grouped = by_source(frags)
+    for key in sorted(keys):
+        mine = grouped.get(key, [])
+        fragments = fragments_version(mine)
+        context.log_event(dg.AssetMaterialization(
+            "evidence_fragments", partition=key, metadata=_fragments_metadata(ws, mine),
+            tags=version_tags(fragments, {"published_corpus": revision})))
+        context.log_event(dg.AssetMaterialization(
+            "fragment_embeddings", partition=key,
+            metadata={"fragments": dg.MetadataValue.int(len(mine)), "model": model_id},
+            tags=version_tags(vectors_version(model_id, fragments),
+                              {"evidence_fragments": fragments})))
+    return sum(len(v) for k, v in grouped.items() if k not in keys)
+
+
+@dg.asset(group_name=GROUP, kinds={"qdrant"}, deps=[evidence_fragments, fragment_embeddings],
+          pool=POOL, **CATALOG)
 @refusals
 def candidate_generation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                          index: IndexResource, embedder: EmbedderResource,
-                         published_corpus: PublishedCorpus, evidence_fragments: Fragments,
-                         fragment_embeddings: FragmentVectors) -> dg.Output[Candidate]:
-    """A new generation uploaded beside the active one and verified (not yet visible)."""
+                         published_corpus: PublishedCorpus) -> dg.Output[Candidate]:
+    """Every source's fragments and vectors (all partitions), then a new generation uploaded
+    beside the active one and verified (not yet visible)."""
     ws = workspace.load()
     require_publishable(published_corpus)  # also when this asset runs on its own
-    emb = embedder.make(ws)
+    t = time.perf_counter()
+    frags = cut_fragments(ws, published_corpus.loaded)
+    timings = {"fragments_s": time.perf_counter() - t}
+    tell(context, f"{len(published_corpus.loaded)} units → {len(frags)} fragments")
+    t = time.perf_counter()
+    emb, vectors, computed = embed_fragments(ws, frags, embedder.make(ws))
+    timings["embed_s"] = time.perf_counter() - t
+    tell(context, f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
+    outside = _record_sources(context, ws, published_corpus.revision, frags, emb.model_id)
     with open_registry(ws) as registry, _index(ws, index, emb.dim) as idx:
         candidate = build_candidate(ws, registry, idx, emb, published_corpus.revision,
-                                    published_corpus.loaded, evidence_fragments,
-                                    fragment_embeddings.vectors,
-                                    computed=fragment_embeddings.computed,
+                                    published_corpus.loaded, frags, vectors, computed=computed,
                                     say=lambda m: tell(context, m))
+    candidate.timings = {**timings, **candidate.timings}
     counts = candidate.counts
-    return dg.Output(candidate, metadata={
+    return dg.Output(candidate, data_version=dg.DataVersion(str(candidate.generation)),
+                     metadata={
         "generation": dg.MetadataValue.int(candidate.generation),
         "revision": candidate.revision,
         "units": dg.MetadataValue.int(counts["units"]),
         "fragments": dg.MetadataValue.int(counts["fragments"]),
         "fragments_embedded": dg.MetadataValue.int(counts["fragments_embedded"]),
+        "fragments_without_partition": dg.MetadataValue.int(outside),
         "units_per_kind": dg.MetadataValue.json(counts.get("units_per_kind", {}))})
 
 
-@dg.asset(group_name=GROUP)
+@dg.asset(group_name=GROUP, kinds={"qdrant"}, pool=POOL, **CATALOG)
 @refusals
 def generation_evaluation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                           index: IndexResource, embedder: EmbedderResource,
@@ -165,7 +256,8 @@ def generation_evaluation(context: dg.AssetExecutionContext, workspace: Workspac
     context.log.info(f"evaluation of generation {report.generation}: hit@5 {s.hit_at_5}/"
                      f"{s.queries}, hit@10 {s.hit_at_10}/{s.queries}, gate "
                      f"{'passed' if report.gate_passed else 'failed'}")
-    return dg.Output(report, metadata=evaluation_metadata(report))
+    return dg.Output(report, data_version=dg.DataVersion(digest(report.model_dump(mode="json"))),
+                     metadata=evaluation_metadata(report))
 
 
 @dg.asset_check(asset=generation_evaluation, blocking=True)
@@ -185,7 +277,7 @@ def evaluation_gate(generation_evaluation: EvaluationReport) -> dg.AssetCheckRes
                                metadata=metadata)
 
 
-@dg.asset(group_name=GROUP, kinds={"qdrant"})
+@dg.asset(group_name=GROUP, kinds={"qdrant"}, pool=POOL, **CATALOG)
 @refusals
 def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
                       index: IndexResource, embedder: EmbedderResource,
@@ -201,7 +293,7 @@ def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceRes
                            evaluation=generation_evaluation, counts=candidate_generation.counts,
                            timings=dict(candidate_generation.timings),
                            retired_points_deleted=deleted)
-    return dg.Output(result, metadata={
+    return dg.Output(result, data_version=dg.DataVersion(str(result.generation)), metadata={
         "generation": dg.MetadataValue.int(result.generation),
         "revision": result.revision,
         "retired_points_deleted": ", ".join(map(str, deleted)) or "none"})
