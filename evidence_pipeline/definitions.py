@@ -57,4 +57,7 @@ defs = dg.Definitions(
     schedules=[nightly_evaluation],
     sensors=[source_partitions_sensor, activated_revision_sensor],
     resources=resources(),
+    # assets materialized from the UI and backfills: in the run's process, as every job
+    # (orchestration/jobs.py says why)
+    executor=dg.in_process_executor,
 )
