@@ -11,6 +11,7 @@ copied, cache included, by the tests that need a published state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -27,9 +28,19 @@ from typing import Any
 import dagster as dg
 import pytest
 from click.testing import CliRunner
+from dagster._core.execution.api import create_execution_plan
+from dagster._core.remote_origin import (
+    RegisteredCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+    QueuedRunCoordinatorDaemon,
+)
 from ruamel.yaml import YAML
 
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
+from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.cli import main
 from evidence_pipeline.definitions import defs
@@ -41,6 +52,8 @@ from evidence_pipeline.orchestration.authoring import (
     source_file,
     validated_units,
 )
+from evidence_pipeline.orchestration.jobs import prepare_executor
+from evidence_pipeline.orchestration.metadata import code_version
 from evidence_pipeline.orchestration.monitoring import active_index_evaluation
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
@@ -49,7 +62,13 @@ from evidence_pipeline.orchestration.partitions import (
     mapping_key,
     sync_source_partitions,
 )
-from evidence_pipeline.orchestration.publishing import evaluation_gate, publishable
+from evidence_pipeline.orchestration.publishing import (
+    evaluation_gate,
+    evidence_fragments,
+    fragment_embeddings,
+    publishable,
+    published_corpus,
+)
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -188,8 +207,13 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
                       ("generation_evaluation", "evaluation_gate"): True,
                       ("curated_corpus", "curated_corpus_publishable"): False,
                       ("active_index_evaluation", "active_index_gate"): False}
-    for key in ("source_file", "normalized_source", "restructured_units", "validated_units"):
+    for key in ("source_file", "normalized_source", "restructured_units", "validated_units",
+                "evidence_fragments", "fragment_embeddings"):
         assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS
+    # the candidate consumes every source's fragments and vectors
+    assert set(graph.get(dg.AssetKey("candidate_generation")).parent_keys) == {
+        dg.AssetKey("published_corpus"), dg.AssetKey("evidence_fragments"),
+        dg.AssetKey("fragment_embeddings")}
     assert {j.name for j in defs.jobs} == {"prepare", "publish", "source_preview",
                                            "evaluate_active", "activate", "prepare_source"}
     assert {s.name for s in defs.sensors} == {"source_partitions_sensor",
@@ -197,6 +221,58 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
     (schedule,) = defs.schedules
     assert (schedule.name, schedule.cron_schedule, schedule.job_name) == (
         "nightly_evaluation", "0 3 * * *", "evaluate_active")
+
+
+def test_every_asset_has_owners_tags_kinds_a_code_version_and_a_pool() -> None:
+    graph = defs.resolve_asset_graph()
+    version = code_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+\+[0-9a-f]{12}", version)  # package + pipeline/prompts
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        name = key.to_user_string()
+        assert node.owners and all(o.startswith("team:") for o in node.owners), name
+        assert node.tags.get("tht/stage") == node.group_name, name
+        assert node.kinds, name
+        # a real code version: without one Dagster takes the run id, and every run shows
+        # "upstream code changed" downstream
+        assert node.code_version == version, name
+    pools = {k.to_user_string(): p for k, p in _pools().items()}
+    assert {k for k, p in pools.items() if p == "index"} == {
+        "published_corpus", "candidate_generation", "generation_evaluation",
+        "active_generation", "active_index_evaluation"}
+    assert {k for k, p in pools.items() if p == "authoring"} == {
+        "source_file", "normalized_source", "restructured_units", "validated_units",
+        "applied_batch", "curated_corpus", "evidence_fragments", "fragment_embeddings"}
+    for sensor in defs.sensors:
+        assert sensor.description and len(sensor.description) > 40, sensor.name
+
+
+def _pools() -> dict[dg.AssetKey, str | None]:
+    """The pool of each asset's steps (a graph asset's: the one all its ops share)."""
+    out: dict[dg.AssetKey, str | None] = {}
+    for assets_def in defs.assets or []:
+        assert isinstance(assets_def, dg.AssetsDefinition)
+        node = assets_def.node_def
+        ops = list(node.iterate_op_defs()) if isinstance(node, dg.GraphDefinition) else [node]
+        (pool,) = {op.pool for op in ops}
+        for key in assets_def.keys:
+            out[key] = pool
+    return out
+
+
+def test_light_jobs_run_their_steps_in_process_and_publish_goes_first() -> None:
+    # a step in a subprocess of its own costs seconds of start-up; ours take milliseconds
+    for name in (job.name for job in defs.jobs):
+        executor = defs.resolve_job_def(name).executor_def.name
+        assert executor in ("in_process", prepare_executor.name), name
+    assert defs.resolve_implicit_global_asset_job_def().executor_def.name == "in_process"
+    # prepare: in-process unless the launchpad asks for parallel model steps
+    def executor_config(config: dict[str, Any]) -> Any:
+        return prepare_executor.config_schema.resolve_config({"config": config}).value["config"]
+
+    assert set(executor_config({"parallel_model_steps": 1})) == {"in_process"}
+    assert executor_config({"parallel_model_steps": 4})["multiprocess"]["max_concurrent"] == 4
+    assert defs.resolve_job_def("publish").tags["dagster/priority"] == "10"
 
 
 # --- partition keys and the partition sensor -----------------------------------------------------
@@ -290,17 +366,47 @@ def test_a_partition_key_outside_the_sources_is_refused(demo_ws: Path, spy: SpyB
 # --- authoring: skipping, the batch and its one code path with prepare ---------------------------
 
 
-def test_an_unchanged_source_produces_no_downstream_work_and_no_model_call(
+def source_hashes(ws: Path) -> dict[str, str]:
+    """Each source's hash as the manifest records it (without the ``sha256:`` prefix)."""
+    manifest = read_manifest(ws / "evidence")
+    assert manifest is not None
+    return {path: e.sha256.removeprefix("sha256:") for path, e in manifest.sources.items()}
+
+
+def partition_status(instance: dg.DagsterInstance, key: str) -> dict[str, str]:
+    """Materialization status per partition, as the UI's partitions view shows it."""
+    keys = instance.get_dynamic_partitions(SOURCE_PARTITIONS.name)
+    found = instance.get_status_by_partition(dg.AssetKey(key), keys, SOURCE_PARTITIONS)
+    return {k: v.value if v is not None else "MISSING" for k, v in (found or {}).items()}
+
+
+def latest_version(instance: dg.DagsterInstance, key: str, partition: str) -> str | None:
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]),
+        limit=1).records
+    return record.asset_materialization.tags.get("dagster/data_version")
+
+
+def test_an_unchanged_source_materializes_its_hash_and_nothing_downstream(
         demo_ws: Path, spy: SpyBackend) -> None:
     instance = dg.DagsterInstance.ephemeral()
     sync_source_partitions(instance, demo_ws / "evidence")
+    hashes = source_hashes(demo_ws)
 
-    single = dg.materialize(SOURCE_ASSETS, partition_key=UNCHANGED, instance=instance,
-                            resources=resources(demo_ws))
-    assert single.success
-    assert materialized(single) == set()  # the hash matched: nothing downstream ran
-    ran = {e.step_key for e in single.all_events if e.is_step_success}
-    assert ran == {"source_file"}
+    # one run per partition, as a backfill of three unchanged sources makes them
+    backfill = [UNCHANGED, "source/20-enum/esito-ps.md", "source/00-glossario/drg.md"]
+    for key in backfill:
+        single = dg.materialize(SOURCE_ASSETS, partition_key=key, instance=instance,
+                                resources=resources(demo_ws))
+        assert single.success
+        assert materialized(single) == {"source_file"}  # its hash, recorded
+        ran = {e.step_key for e in single.all_events if e.is_step_success}
+        assert ran == {"source_file"}  # the hash matched: nothing downstream ran
+        assert latest_version(instance, "source_file", key) == hashes[key]
+    status = partition_status(instance, "source_file")
+    assert {k: status[k] for k in backfill} == dict.fromkeys(backfill, "MATERIALIZED")
+    assert "FAILED" not in status.values()
+    assert set(partition_status(instance, "normalized_source").values()) == {"MISSING"}
 
     batch = run_job("prepare", demo_ws, instance)
     assert batch.success
@@ -309,6 +415,15 @@ def test_an_unchanged_source_produces_no_downstream_work_and_no_model_call(
     assert not any("restructure_source" in (e.step_key or "") for e in batch.all_events)
     assert spy.calls == []
     assert git(demo_ws, "status", "--porcelain") == ""
+    # the prepare run hashed every source: none is "Missing" afterwards, each at its hash
+    assert set(partition_status(instance, "source_file").values()) == {"MATERIALIZED"}
+    assert len(partition_status(instance, "source_file")) == 54
+    assert {k: latest_version(instance, "source_file", k) for k in hashes} == hashes
+    # one summary line for the 54 unchanged sources, not one line each
+    logs = [e.message for e in instance.all_logs(batch.run_id)
+            if e.message and "unchanged" in e.message and e.step_key
+            and e.step_key.endswith("apply_sources")]
+    assert logs == ["unchanged: 54 source(s), 80 unit(s)"]
 
 
 def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
@@ -527,6 +642,53 @@ def test_the_revision_sensor_reacts_to_a_newly_activated_revision(published_copy
         assert request.tags["tht/revision"] == revision
 
 
+@pytest.mark.slow
+def test_fragments_and_vectors_are_per_source_with_their_data_versions(
+        published_copy: Path) -> None:
+    ws = published_copy
+    instance = dg.DagsterInstance.ephemeral()
+    commit_and_activate(ws, "the same units again")
+    first = run_job("publish", ws, instance)
+    assert first.success
+    keys = instance.get_dynamic_partitions(SOURCE_PARTITIONS.name)
+    assert len(keys) == 54
+    for asset in ("evidence_fragments", "fragment_embeddings"):
+        assert set(partition_status(instance, asset).values()) == {"MATERIALIZED"}
+    fragments = {e.materialization.partition: e.materialization.metadata["fragments"].value
+                 for e in first.get_asset_materialization_events()
+                 if e.asset_key == dg.AssetKey("evidence_fragments")}
+    assert sum(fragments.values()) == 80
+    versions = {k: (latest_version(instance, "evidence_fragments", k),
+                    latest_version(instance, "fragment_embeddings", k)) for k in keys}
+    assert first.output_for_node("candidate_generation").counts["fragments_embedded"] == 0
+
+    # one unit of one source edited by a curator: only that source's versions change
+    unit = ws / "evidence" / "curated" / "glossary" / "reparto.md"
+    text = unit.read_text(encoding="utf-8")
+    source = re.search(r"source_file: (\S+)", text)
+    assert source is not None
+    unit.write_text(text + "\nUn reparto appartiene a un solo presidio.\n", encoding="utf-8")
+    commit_and_activate(ws, "a curator's edit")
+    second = run_job("publish", ws, instance)
+    assert second.success
+    after = {k: (latest_version(instance, "evidence_fragments", k),
+                 latest_version(instance, "fragment_embeddings", k)) for k in keys}
+    assert {k for k in keys if after[k] != versions[k]} == {source.group(1)}
+    # the unchanged sources cost no work: their fragments came from the vector cache
+    embedded = second.output_for_node("candidate_generation").counts["fragments_embedded"]
+    assert 1 <= embedded <= fragments[source.group(1)]
+
+    # one source on its own (the UI's "materialize" on a partition): the same functions give
+    # the same versions
+    alone = dg.materialize([published_corpus, evidence_fragments, fragment_embeddings],
+                           selection=[evidence_fragments, fragment_embeddings],
+                           partition_key=source.group(1), instance=instance,
+                           resources=resources(ws))
+    assert alone.success
+    assert {e.materialization.tags["dagster/data_version"]
+            for e in alone.get_asset_materialization_events()} == set(after[source.group(1)])
+
+
 # --- asset checks called directly ----------------------------------------------------------------
 
 
@@ -559,6 +721,66 @@ def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcess
 
 
 # --- production stack ----------------------------------------------------------------------------
+
+
+def _queue_run(instance: dg.DagsterInstance, job_name: str, status: dg.DagsterRunStatus,
+               tags: dict[str, str] | None = None, *, job_tags: bool = True) -> dg.DagsterRun:
+    """A run of the job as the UI, a sensor or a backfill submits it (pools come from its
+    execution plan)."""
+    job, plan = _plan(job_name)
+    origin = RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(
+        RegisteredCodeLocationOrigin("thoth_evidence"), "__repository__"), job_name=job_name)
+    return instance.create_run_for_job(
+        job_def=job, execution_plan=plan, status=status,
+        tags={**(job.tags if job_tags else {}), **(tags or {})}, remote_job_origin=origin)
+
+
+@functools.cache
+def _plan(job_name: str) -> tuple[dg.JobDefinition, Any]:
+    job = defs.resolve_job_def(job_name)
+    return job, create_execution_plan(job)
+
+
+def _dequeued(overrides: dict[str, Any], *, running: int, queued: int,
+              priority: bool = True) -> list[str]:
+    """The runs the queue daemon starts next: ``running`` backfill runs of prepare in
+    progress, ``queued`` more of them queued, then the sensor's publish."""
+    with dg.instance_for_test(overrides=overrides) as instance:
+        for _ in range(running):
+            _queue_run(instance, "prepare", dg.DagsterRunStatus.STARTED,
+                       {"dagster/backfill": "b"})
+        for _ in range(queued):
+            _queue_run(instance, "prepare", dg.DagsterRunStatus.QUEUED,
+                       {"dagster/backfill": "b"})
+        _queue_run(instance, "publish", dg.DagsterRunStatus.QUEUED, job_tags=priority)
+        daemon = QueuedRunCoordinatorDaemon(interval_seconds=5)
+        # the daemon's own choice, nothing launched; its first pass sets the limits of the
+        # pools it sees for the first time (dagster.yaml's default_limit), its next one
+        # applies them, as the running daemon does every few seconds
+        for _ in range(2):
+            runs = daemon._get_runs_to_dequeue(
+                instance, instance.get_concurrency_config(), fixed_iteration_time=None)
+        return [r.job_name for r in runs]
+
+
+def test_the_queue_never_holds_a_publish_behind_authoring_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THT_WORKSPACE", str(ROOT / "examples" / "psd"))  # resolved, not read
+    config = YAML(typ="safe").load((ROOT / "dagster.yaml").read_text(encoding="utf-8"))
+    # a backfill run in progress, 3 more queued: the publish starts at once (its own pool)
+    assert _dequeued(config, running=1, queued=3) == ["publish"]
+    # nothing in progress: the publish first (priority), and one authoring run (its pool)
+    assert _dequeued(config, running=0, queued=3) == ["publish", "prepare"]
+    # the production stack's instance (compose.yaml): the same pools, four runs at a time
+    compose = YAML(typ="safe").load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
+    production = YAML(typ="safe").load(compose["configs"]["dagster-instance"]["content"])
+    production.pop("storage")  # PostgreSQL: the test instance keeps its own storage
+    assert _dequeued(production, running=1, queued=3) == ["publish"]
+    assert _dequeued(production, running=0, queued=3) == ["publish", "prepare"]  # the pools
+    # before (one run at a time, first in first out): behind the whole backfill
+    before = {"run_queue": {"max_concurrent_runs": 1}}
+    assert _dequeued(before, running=1, queued=3, priority=False) == []
+    assert _dequeued(before, running=0, queued=3, priority=False) == ["prepare"]
 
 
 def test_compose_file_wires_qdrant_postgres_and_dagster() -> None:
@@ -633,20 +855,70 @@ def _post(url: str, query: str) -> None:
     urllib.request.urlopen(request, timeout=30).read()
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_the_asset_graph_renders_in_headless_chromium(demo_ws: Path, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
-    home = dagster_home(tmp_path)
+def _gql(base: str, query: str, variables: dict[str, Any] | None = None) -> Any:
+    request = urllib.request.Request(
+        f"{base}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"})
+    document = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    assert "errors" not in document, document["errors"]
+    return document["data"]
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ui:
+    """A webserver and a daemon on one workspace; the backfill they ran and its status."""
+
+    base: str
+    home: Path
+    tmp: Path
+    backfill_id: str
+    backfill_status: str
+    keys: list[str]
+
+
+BACKFILLED = [UNCHANGED, "source/20-enum/esito-ps.md", "source/00-glossario/drg.md"]
+LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $p) {
+    __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  ... on PartitionBackfill { status } } }"""
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``dagster-webserver`` and ``dagster-daemon`` (this repository's dagster.yaml: the queue and
+    its pools) on the demo workspace cut down to three sources, all unchanged; the daemon has
+    run a backfill of ``source_file`` over the three (one run per source, as the UI launches it).
+    """
+    tmp = tmp_path_factory.mktemp("ui")
+    ws = create_demo_repo(tmp / "ws")
+    for note in (ws / "evidence" / "source").rglob("*"):
+        if note.is_file() and note.relative_to(ws / "evidence").as_posix() not in BACKFILLED:
+            note.unlink()  # not committed: the three left are unchanged against the manifest
+    home = dagster_home(tmp)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        sync_source_partitions(instance, ws / "evidence")
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(demo_ws)}
-    log = (tmp_path / "webserver.log").open("wb")
-    server = subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml",
-                               "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
+    server = _start([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
+                     "-p", str(port)], env, tmp / "webserver.log")
+    daemon = _start([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env,
+                    tmp / "daemon.log")
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -654,32 +926,87 @@ def test_the_asset_graph_renders_in_headless_chromium(demo_ws: Path, tmp_path: P
                 urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
                 break
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert server.poll() is None, (tmp_path / "webserver.log").read_text()
+                assert server.poll() is None, (tmp / "webserver.log").read_text()
                 assert time.monotonic() < deadline, "the webserver did not start in 120 s"
                 time.sleep(0.5)
         _post(f"{base}/graphql", "mutation { setNuxSeen }")  # no welcome dialog over the graph
-        try:
-            ARTIFACTS.mkdir(exist_ok=True)
-            shots = ARTIFACTS
-        except OSError:
-            shots = tmp_path
-        for group, names in GROUPS.items():
-            shot = shots / f"dagster-asset-graph-{group}.png"
-            proc = subprocess.run(
-                [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / f'chromium-{group}'}",
-                 f"--screenshot={shot}", "--dump-dom",
-                 f"{base}/locations/thoth_evidence/asset-groups/{group}"],
-                capture_output=True, text=True, timeout=180, check=False)
-            assert proc.returncode == 0, proc.stderr[-2000:]
-            text = _page_text(proc.stdout)
-            assert f"Asset groups | {group}" in text
-            missing = [n for n in names if not _shown(n, text)]
-            assert not missing, f"{group}: {missing} not on the page: {text[:2000]}"
-            assert shot.is_file() and shot.stat().st_size > 10_000
+        launched = _gql(base, LAUNCH_BACKFILL, {"p": {
+            "partitionNames": BACKFILLED, "assetSelection": [{"path": ["source_file"]}]}})
+        backfill_id = launched["launchPartitionBackfill"]["backfillId"]
+        deadline = time.monotonic() + 420
+        while True:
+            status = _gql(base, BACKFILL_STATUS, {"id": backfill_id})[
+                "partitionBackfillOrError"]["status"]
+            if status not in ("REQUESTED", "CANCELING", "FAILING"):
+                break
+            assert daemon.poll() is None, (tmp / "daemon.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the backfill is still {status} after 420 s"
+            time.sleep(1)
+        yield Ui(base, home, tmp, backfill_id, status, BACKFILLED)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        _stop(daemon)
+        _stop(server)
+
+
+@pytest.mark.slow
+def test_a_backfill_of_unchanged_sources_ends_green(ui: Ui) -> None:
+    # before: no materialization, and the backfill ended COMPLETED_FAILED ("3/3 failed")
+    assert ui.backfill_status == "COMPLETED_SUCCESS"
+    with dg.DagsterInstance.from_config(str(ui.home)) as instance:
+        assert partition_status(instance, "source_file") == dict.fromkeys(ui.keys,
+                                                                          "MATERIALIZED")
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": ui.backfill_id}))
+        assert len(runs) == 3
+        assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+        for run in runs:  # the hash only: nothing downstream, no model call
+            steps = {e.step_key for e in instance.all_logs(run.run_id)
+                     if e.is_dagster_event and e.dagster_event.is_step_success}
+            assert steps == {"source_file"}
+
+
+def _chromium() -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    return chromium
+
+
+def _render(ui: Ui, path: str, name: str) -> str:
+    """The page's text as headless Chromium renders it (a screenshot under tests/artifacts)."""
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        shots = ARTIFACTS
+    except OSError:
+        shots = ui.tmp
+    shot = shots / f"dagster-{name}.png"
+    proc = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={ui.tmp / f'chromium-{name}'}",
+         f"--screenshot={shot}", "--dump-dom", f"{ui.base}{path}"],
+        capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    return _page_text(proc.stdout)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_an_unchanged_backfill_shows_materialized_partitions_in_chromium(ui: Ui) -> None:
+    text = _render(ui, "/assets/source_file?view=partitions", "source-file-partitions")
+    assert "3 Partitions" in text, text[:2000]
+    # before: "Materialized (0) Materializing (0) Missing (3)"
+    assert "Failed (0) Materialized (3) Materializing (0) Missing (0)" in text, text[:2000]
+    for key in ui.keys:
+        assert key in text
+    backfill = _render(ui, f"/runs/b/{ui.backfill_id}?tab=partitions", "unchanged-backfill")
+    assert "Status Succeeded" in backfill, backfill[:2000]
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_asset_graph_renders_in_headless_chromium(ui: Ui) -> None:
+    for group, names in GROUPS.items():
+        text = _render(ui, f"/locations/thoth_evidence/asset-groups/{group}",
+                       f"asset-graph-{group}")
+        assert f"Asset groups | {group}" in text
+        missing = [n for n in names if not _shown(n, text)]
+        assert not missing, f"{group}: {missing} not on the page: {text[:2000]}"
