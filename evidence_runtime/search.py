@@ -284,8 +284,10 @@ class EvidenceSearcher:
     def for_workspace(cls, workspace: Workspace | Path | str, *,
                       index: EvidenceIndex | None = None,
                       registry: Registry | None = None,
-                      embedder: Embedder | None = None) -> EvidenceSearcher:
-        """A searcher configured from a workspace's ``thoth.yaml`` and state directory."""
+                      embedder: Embedder | None = None,
+                      index_target: IndexConfig | None = None) -> EvidenceSearcher:
+        """A searcher configured from a workspace's ``thoth.yaml`` and state directory (the
+        index it opens: ``index_target``, default the workspace's)."""
         ws = workspace if isinstance(workspace, Workspace) else load_workspace(workspace)
         cfg = ws.config
         emb = embedder or make_embedder(cfg.embeddings.model,
@@ -297,7 +299,7 @@ class EvidenceSearcher:
             registry_url=ws.registry_url,
             embedder=emb,
             index=index,
-            index_config=index_config(ws),
+            index_config=index_target or index_config(ws),
             language=cfg.language,
             revisions_dir=ws.state_dir / "revisions",
             rrf_k=cfg.index.rrf_k,
@@ -402,14 +404,16 @@ class EvidenceSearcher:
         match = build_match(self.workspace_id, revision, gen.number, purpose, context)
         hits: list[Hit] = []
         try:
+            # embedded before the index is opened: a searcher that opens the embedded shard
+            # holds it (other processes wait, index.lock_wait_s) for the query alone, not for
+            # a model load
+            dense = self.embedder.embed_query(text) if mode != "bm25" else None
+        except EmbedderError as exc:
+            return unavailable(UnavailableCode.embedder_failed, exc.message, purpose=purpose)
+        try:
             index = self.index()
             lost = self._lost_points(index, gen)
             if lost is None:
-                try:
-                    dense = self.embedder.embed_query(text) if mode != "bm25" else None
-                except EmbedderError as exc:
-                    return unavailable(UnavailableCode.embedder_failed, exc.message,
-                                       purpose=purpose)
                 hits = index.query(dense=dense, text=text if mode != "dense" else None,
                                    match=match, limit=max(limit * 4, limit), mode=mode,
                                    prefetch_limit=self.prefetch_limit, rrf_k=self.rrf_k,
@@ -496,7 +500,7 @@ def index_config(ws: Workspace) -> IndexConfig:
     cfg = ws.config.index
     url = ws.index_url()
     if cfg.engine == "edge":
-        return IndexConfig(engine="edge", path=str(ws.index_path))
+        return IndexConfig(engine="edge", path=str(ws.index_path), lock_wait_s=cfg.lock_wait_s)
     return IndexConfig(engine="server", url=url, collection=ws.config.collection,
                        api_key_env=cfg.api_key_env, bm25=cfg.bm25)
 

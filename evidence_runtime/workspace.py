@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import ConfigError, UnitFormatError
 from evidence_runtime.index.base import DEFAULT_RRF_K, DEFAULT_RRF_WEIGHTS
+from evidence_runtime.index.edge import DEFAULT_LOCK_WAIT_S
 from evidence_runtime.query import LABEL_STOPWORDS
 from evidence_runtime.yamlio import load_rt, to_plain
 
@@ -97,6 +98,9 @@ class IndexSection(BaseModel):
     rrf_k: int = Field(default=DEFAULT_RRF_K, ge=1)
     rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
     prefetch_limit: int = Field(default=50, ge=1, le=1000)
+    # edge: how long an open waits while another process holds the shard (a publish step, the
+    # nightly evaluation, a search elsewhere) before index_locked; 0 refuses at once
+    lock_wait_s: float = Field(default=DEFAULT_LOCK_WAIT_S, ge=0, le=600)
     # BM25 tokenization of a generation (recorded with it; searches of it reuse it): the
     # expected fragment length in tokens, a number or "corpus" (the mean of the generation's
     # own fragments), and extra stop words on top of the language's list

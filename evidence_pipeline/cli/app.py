@@ -402,13 +402,19 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
 
     Exit 0 when the gate passes (every query has an expected unit in the fused top 10).
     """
-    from evidence_pipeline.publishing.evaluate import baseline_path, evaluate_generation
+    from evidence_pipeline.publishing.evaluate import (
+        baseline_path,
+        evaluate_generation,
+        evaluation_index,
+    )
     from evidence_pipeline.publishing.evaluate import save_baseline as write_baseline
-    from evidence_runtime.search import EvidenceSearcher
+    from evidence_runtime.search import EvidenceSearcher, index_config
     from evidence_runtime.workspace import load_workspace
 
     ws = load_workspace(workspace_root)
-    with EvidenceSearcher.for_workspace(ws) as searcher:
+    # on the embedded engine a copy of the shard: searches elsewhere wait only for the copy
+    with evaluation_index(ws, index_config(ws)) as where, \
+            EvidenceSearcher.for_workspace(ws, index_target=where) as searcher:
         report = evaluate_generation(ws, searcher, generation=generation)
     if save_baseline:
         write_baseline(report, baseline_path(ws.state_dir))

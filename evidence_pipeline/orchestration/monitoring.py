@@ -5,7 +5,6 @@ recorded as the asset's value and metadata (hit@5, hit@10, per-branch ranks, reg
 the saved baseline).
 """
 
-import contextlib
 from typing import Any
 
 import dagster as dg
@@ -25,7 +24,11 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
-from evidence_pipeline.publishing.evaluate import EvaluationReport, evaluate_generation
+from evidence_pipeline.publishing.evaluate import (
+    EvaluationReport,
+    evaluate_generation,
+    evaluation_index,
+)
 from evidence_pipeline.publishing.publish import open_registry
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.workspace import Workspace
@@ -39,10 +42,10 @@ def evaluate_active(ws: Workspace, index: IndexResource,
     :class:`EvaluationUnavailable` when search is unavailable (no active generation, or it
     does not serve the activated revision)."""
     emb = embedder.make(ws)
-    with open_registry(ws) as registry, \
-            contextlib.closing(index.open(ws, dense_dim=emb.dim, create=False)) as idx:
-        searcher = EvidenceSearcher.for_workspace(ws, index=idx, registry=registry,
-                                                  embedder=emb)
+    # on the embedded engine a copy of the shard: searches elsewhere wait only for the copy
+    with open_registry(ws) as registry, evaluation_index(ws, index.config(ws)) as where, \
+            EvidenceSearcher.for_workspace(ws, index_target=where, registry=registry,
+                                           embedder=emb) as searcher:
         return evaluate_generation(ws, searcher)
 
 

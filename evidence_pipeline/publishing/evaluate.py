@@ -17,8 +17,11 @@ questions that were reviewed with it. ``model_dump(mode="json")`` of an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,7 +39,8 @@ from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profi
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.errors import ErrorCode, EvidenceError
-from evidence_runtime.index import Match
+from evidence_runtime.index import EdgeIndex, IndexConfig, Match
+from evidence_runtime.index.edge import shard_exists
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
 from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome, build_match
 from evidence_runtime.units import EvidencePurpose
@@ -341,6 +345,29 @@ def evaluate_generation(ws: Workspace, searcher: EvidenceSearcher, *,
     report = evaluate(searcher, evalset, unit_kinds=unit_kinds(ws, evidence_dir),
                       generation=gen.number)
     return with_baseline(report, baseline_path(ws.state_dir))
+
+
+@contextlib.contextmanager
+def evaluation_index(ws: Workspace, config: IndexConfig) -> Iterator[IndexConfig]:
+    """Where an evaluation of the active generation reads (``tht evidence evaluate`` and the
+    nightly asset): give the result to the searcher as its ``index_config``.
+
+    On the embedded engine, a private copy of the shard under the state directory, taken while
+    the shard is held for a moment (the copy) and removed afterwards: the evaluation's many
+    queries (seconds to minutes) never keep searches in other processes waiting on the shard
+    (issue 17 item 8). A server (readers do not lock it), or no shard yet: ``config`` itself,
+    and the searcher answers as it always does.
+    """
+    if config.engine != "edge" or not shard_exists(config.edge_path()):
+        yield config
+        return
+    ws.state_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".evaluation-", dir=ws.state_dir) as tmp:
+        copy = Path(tmp) / "index"
+        with EdgeIndex.open(config.edge_path(), language=ws.config.language,
+                            lock_wait_s=config.lock_wait_s) as shard:
+            shard.copy_to(copy)
+        yield config.model_copy(update={"path": str(copy)})
 
 
 def baseline_path(state_dir: Path) -> Path:

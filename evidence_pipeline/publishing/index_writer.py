@@ -180,8 +180,10 @@ class EdgeIndexWriter(EdgeIndex):
         language: str = "italian",
         dense_dim: int | None = None,
         create: bool = True,
+        lock_wait_s: float = 0.0,
     ) -> Self:
-        """Open the shard at ``path``.
+        """Open the shard at ``path`` (waiting up to ``lock_wait_s`` s while another process
+        holds it).
 
         A missing shard is created with both vectors when ``create`` and ``dense_dim`` are
         given; with ``create`` and no ``dense_dim`` it is created by :meth:`ensure_schema`
@@ -192,7 +194,7 @@ class EdgeIndexWriter(EdgeIndex):
         path = Path(path)
         bm25 = bm25_model(language)  # a bad language fails before any file is touched
         if edge_shard_exists(path) or not create:
-            return super().open(path, language=language)
+            return super().open(path, language=language, lock_wait_s=lock_wait_s)
         index = cls(path, None, language=language, bm25=bm25)
         if dense_dim is not None:
             index._create(dense_dim)
@@ -394,7 +396,8 @@ def open_index_writer(
     cfg = IndexConfig.of(config)
     if cfg.engine == "edge":
         return EdgeIndexWriter.open(
-            cfg.edge_path(), language=language, dense_dim=dense_dim, create=create
+            cfg.edge_path(), language=language, dense_dim=dense_dim, create=create,
+            lock_wait_s=cfg.lock_wait_s,
         )
     client, collection = server_client(cfg)
     index = ServerIndexWriter(client, collection, language=language, bm25=cfg.bm25_mode)

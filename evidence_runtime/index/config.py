@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evidence_runtime.errors import ConfigError, IndexMissingError
 from evidence_runtime.index.base import EvidenceIndex
-from evidence_runtime.index.edge import EdgeIndex
+from evidence_runtime.index.edge import DEFAULT_LOCK_WAIT_S, EdgeIndex
 from evidence_runtime.index.server import Bm25Mode, ServerIndex
 
 if TYPE_CHECKING:
@@ -29,7 +29,8 @@ class IndexConfig(BaseModel):
     collection on a Qdrant server (``url``, ``collection``), with optional ``api_key`` (or
     ``api_key_env``, the name of the variable holding it), ``bm25`` (``server`` | ``client``),
     ``timeout`` and ``prefer_grpc``. ``url: ":memory:"`` is qdrant-client's in-process mode,
-    which needs ``bm25: client`` (its default there).
+    which needs ``bm25: client`` (its default there). ``lock_wait_s``: how long an open of the
+    embedded shard waits while another process holds it (then ``IndexLockedError``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -43,6 +44,7 @@ class IndexConfig(BaseModel):
     bm25: Bm25Mode | None = None
     timeout: int = 10
     prefer_grpc: bool = False
+    lock_wait_s: float = Field(default=DEFAULT_LOCK_WAIT_S, ge=0, le=600)
 
     @classmethod
     def of(cls, config: IndexConfig | Mapping[str, Any]) -> IndexConfig:
@@ -140,7 +142,7 @@ def open_index(
     """
     cfg = IndexConfig.of(config)
     if cfg.engine == "edge":
-        return EdgeIndex.open(cfg.edge_path(), language=language)
+        return EdgeIndex.open(cfg.edge_path(), language=language, lock_wait_s=cfg.lock_wait_s)
     client, collection = server_client(cfg)
     index = ServerIndex(client, collection, language=language, bm25=cfg.bm25_mode)
     if not index.exists():

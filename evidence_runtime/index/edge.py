@@ -8,6 +8,8 @@ publisher's writer (``evidence_pipeline.publishing.index_writer``) extends :clas
 from __future__ import annotations
 
 import contextlib
+import shutil
+import time
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Self
@@ -37,9 +39,21 @@ from evidence_runtime.index.base import (
     sorted_hits,
 )
 
-__all__ = ["EDGE_CONFIG_FILE", "EdgeIndex", "edge_filter", "edge_open_error", "shard_exists"]
+__all__ = [
+    "DEFAULT_LOCK_WAIT_S",
+    "EDGE_CONFIG_FILE",
+    "EdgeIndex",
+    "edge_filter",
+    "edge_open_error",
+    "shard_exists",
+]
 
 EDGE_CONFIG_FILE = "edge_config.json"
+# How long an open waits for another process to release the shard (``index.lock_wait_s``): a
+# maintenance step (an upload, an evaluation, a search in another process) holds it for a
+# moment, and a short wait hides that from searchers instead of answering index_locked.
+DEFAULT_LOCK_WAIT_S = 5.0
+LOCK_POLL_S = 0.02
 
 
 def edge_filter(match: Match) -> qe.Filter | None:
@@ -51,13 +65,15 @@ def edge_filter(match: Match) -> qe.Filter | None:
     return qe.Filter(must=must) if must else None  # pyright: ignore[reportArgumentType]
 
 
-def edge_open_error(exc: Exception, path: Path) -> IndexError_:
-    """The typed error of a failed open: another process holds the shard, or it is unusable."""
+def edge_open_error(exc: Exception, path: Path, *, waited: float = 0.0) -> IndexError_:
+    """The typed error of a failed open: another process holds the shard (still after
+    ``waited`` seconds), or it is unusable."""
     message = str(exc)
     if "WouldBlock" in message:
+        after = f"; still after waiting {waited:g} s (index.lock_wait_s)" if waited else ""
         return IndexLockedError(
             "the embedded index is open in another process (Qdrant Edge allows one process "
-            "at a time); close it there, or point the workspace at a Qdrant server",
+            f"at a time){after}; close it there, or point the workspace at a Qdrant server",
             path=str(path),
         )
     return IndexUnavailableError(f"cannot open the embedded index: {message}", path=str(path))
@@ -91,22 +107,31 @@ class EdgeIndex:
         self._bm25_models: dict[Bm25Settings, qe.Bm25] = {}  # other generations' settings
 
     @classmethod
-    def open(cls, path: Path | str, *, language: str = "italian") -> Self:
+    def open(
+        cls, path: Path | str, *, language: str = "italian", lock_wait_s: float = 0.0
+    ) -> Self:
         """Open the existing shard at ``path``: :class:`IndexMissingError` (an
         :class:`IndexUnavailableError`) when there is none, :class:`IndexLockedError` when
-        another process holds it."""
+        another process holds it for longer than ``lock_wait_s`` seconds (until then the
+        open is retried every few milliseconds)."""
         path = Path(path)
         bm25 = bm25_model(language)  # a bad language fails before any file is touched
         if not shard_exists(path):
             raise IndexMissingError("no embedded index at this path", path=str(path))
-        return cls(path, cls._load(path), language=language, bm25=bm25)
+        return cls(path, cls._load(path, lock_wait_s), language=language, bm25=bm25)
 
     @staticmethod
-    def _load(path: Path) -> qe.EdgeShard:
-        try:
-            return qe.EdgeShard.load(str(path))
-        except Exception as exc:  # the binding raises plain Exception for engine errors
-            raise edge_open_error(exc, path) from exc
+    def _load(path: Path, lock_wait_s: float = 0.0) -> qe.EdgeShard:
+        deadline = time.monotonic() + max(lock_wait_s, 0.0)
+        while True:
+            try:
+                return qe.EdgeShard.load(str(path))
+            except Exception as exc:  # the binding raises plain Exception for engine errors
+                error = edge_open_error(exc, path, waited=lock_wait_s)
+                left = deadline - time.monotonic()
+                if not isinstance(error, IndexLockedError) or left <= 0:
+                    raise error from exc
+            time.sleep(min(LOCK_POLL_S, left))
 
     def __enter__(self) -> Self:
         return self
@@ -223,6 +248,13 @@ class EdgeIndex:
         with self._engine("searching"):
             points = shard.query(request)
         return _scored(points)
+
+    def copy_to(self, dest: Path | str) -> None:
+        """Copy the shard's files to ``dest`` (a new directory) while this process holds the
+        shard, so nobody writes meanwhile: a private copy that another reader can open and
+        query at leisure while this one closes the shard at once."""
+        self._live()
+        shutil.copytree(self.path, dest)
 
     def close(self) -> None:
         if self._closed:
