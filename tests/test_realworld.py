@@ -147,6 +147,7 @@ def test_validate_finds_an_oversized_unit_whose_review_item_was_cleared(tmp_path
     for note in NOTES:
         if not note.name.startswith("07-"):
             (ws / "evidence" / "source" / note.name).unlink()
+    (ws / "evidence" / "evaluation.yaml").unlink()  # its questions need the removed notes
     commit(ws, "only the one-line SQL")
     assert cli("evidence", "prepare", str(ws), "--backend", "structural").exit_code == 0
     path = curated(ws)["evidence:etl-the-encounter-summary-view"]

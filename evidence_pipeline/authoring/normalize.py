@@ -42,8 +42,11 @@ _DATA_LINK = re.compile(rf"\[([^\]\n]*)\]{_DATA_TARGET}", re.IGNORECASE)
 _DATA_IMG_TAG = re.compile(
     r"""<img\b[^>]*?\bsrc\s*=\s*(?:"\s*data:[^"]*"|'\s*data:[^']*'|data:[^\s>]*)[^>]*>""",
     re.IGNORECASE)
+# a blank is any character _SPACES turns into a space, so a definition is dropped on the first
+# pass whether or not its indentation is written with tabs or no-break spaces (idempotence)
+_BLANK = "[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000\t]"
 _DATA_DEFINITION = re.compile(
-    rf"^ {{0,3}}\[([^\]\n]+)\]:[ \t]*(?:<data:[^>\n]*>|data:\S*){_TITLE}[ \t]*$",
+    rf"^{_BLANK}{{0,3}}\[([^\]\n]+)\]:{_BLANK}*(?:<data:[^>\n]*>|data:\S*){_TITLE}{_BLANK}*$",
     re.IGNORECASE | re.MULTILINE)
 _REF_IMAGE = re.compile(r"!\[([^\]\n]*)\](?:\[([^\]\n]*)\])?")
 
