@@ -634,6 +634,9 @@ def test_evaluate_json_passes_the_gate_and_shows_three_ranks(published: Publishe
     assert set(report) == {"revision", "generation", "search_config", "summary", "queries"}
     assert report["revision"] == published.revision and report["generation"] == 1
     assert report["search_config"]["rrf_k"] == 5
+    assert report["search_config"]["rrf_weights"] == [2.0, 1.0]
+    assert report["search_config"]["bm25"]["stopwords"] == ["colonne", "concetti", "domanda",
+                                                             "tabelle"]
     summary = report["summary"]
     assert set(summary) == {"queries", "hit_at_5", "hit_at_10", "gate_passed", "missed_kinds",
                             "empty_queries"}

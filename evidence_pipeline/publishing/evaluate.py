@@ -42,7 +42,12 @@ from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.index import EdgeIndex, IndexConfig, Match
 from evidence_runtime.index.edge import shard_exists
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext
-from evidence_runtime.search import EvidenceSearcher, EvidenceSearchOutcome, build_match
+from evidence_runtime.search import (
+    EvidenceSearcher,
+    EvidenceSearchOutcome,
+    build_match,
+    generation_bm25,
+)
 from evidence_runtime.units import EvidencePurpose
 from evidence_runtime.workspace import Workspace
 
@@ -144,9 +149,12 @@ class SearchConfig(_Record):
     """The search settings the report was measured with."""
 
     rrf_k: int
+    rrf_weights: tuple[float, float] | None = None  # (dense, BM25); None: equal weights
     prefetch_limit: int
     embedder: str
     bm25_language: str
+    bm25: dict[str, Any] | None = None  # the generation's BM25 settings (language, avg_len,
+    # stopwords), as its fragments were tokenized and its queries are
     rank_depth: int
     gate: str
 
@@ -297,11 +305,15 @@ def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: 
         queries=len(rows), hit_at_5=sum(r.hit_at_5 for r in rows), hit_at_10=hit10,
         gate_passed=hit10 == len(rows), missed_kinds=tuple(sorted(missed_kinds)),
         empty_queries=tuple(empty))
-    config = SearchConfig(rrf_k=searcher.rrf_k, prefetch_limit=searcher.prefetch_limit,
+    assert gen_number is not None and revision is not None
+    gen = searcher.registry.get_generation(searcher.workspace_id, gen_number)
+    config = SearchConfig(rrf_k=searcher.rrf_k, rrf_weights=searcher.rrf_weights,
+                          prefetch_limit=searcher.prefetch_limit,
                           embedder=searcher.embedder.model_id, bm25_language=searcher.language,
+                          bm25=generation_bm25(gen, searcher.language).as_dict()
+                          if gen is not None else None,
                           rank_depth=RANK_DEPTH,
                           gate=f"every query: an expected unit in fused top {GATE_K}")
-    assert gen_number is not None and revision is not None
     return EvaluationReport(revision=revision, generation=gen_number, search_config=config,
                             queries=tuple(rows), summary=summary)
 
