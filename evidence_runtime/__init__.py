@@ -20,9 +20,11 @@ from evidence_runtime.errors import (
     UnitFormatError,
 )
 from evidence_runtime.query import (
+    MAX_QUERY_CHARS,
     EmptyQueryError,
     EvidenceConstraints,
     EvidenceSearchContext,
+    InvalidQueryError,
     render_query,
 )
 from evidence_runtime.search import (
@@ -50,6 +52,7 @@ from evidence_runtime.stages import (
 from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
 __all__ = [
+    "MAX_QUERY_CHARS",
     "STAGE_PURPOSES",
     "ConfigError",
     "DocumentOutcome",
@@ -71,6 +74,7 @@ __all__ = [
     "IndexMissingError",
     "IndexSchemaError",
     "IndexUnavailableError",
+    "InvalidQueryError",
     "RegistryError",
     "RegistryLockedError",
     "ResultProvenance",

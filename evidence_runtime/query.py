@@ -44,7 +44,21 @@ class EvidenceSearchContext(BaseModel):
     constraints: EvidenceConstraints = Field(default_factory=EvidenceConstraints)
 
 
-class EmptyQueryError(ValueError):
+# The longest query text (question and context, rendered) a search takes: far above any real
+# question (the embedder reads at most 512 tokens of it), and a bound on the work a caller can ask
+# for (a 40,000-character question took 34 s to embed). Refused, never cut, so that both
+# branches always receive the text the caller gave.
+MAX_QUERY_CHARS = 4000
+
+
+class InvalidQueryError(ValueError):
+    """The question cannot be searched (code ``invalid_query``): a caller's bug, not a fault of
+    the Evidence service, so it is raised rather than answered as ``unavailable``."""
+
+    code = "invalid_query"
+
+
+class EmptyQueryError(InvalidQueryError):
     """The question is empty after normalization."""
 
 
@@ -66,10 +80,17 @@ def render_query(question: str, context: EvidenceSearchContext | None = None) ->
     q = _clean(question)
     if not q:
         raise EmptyQueryError("the question is empty")
+    if len(q) > MAX_QUERY_CHARS:  # before the context is rendered: a huge question costs nothing
+        raise InvalidQueryError(f"the question is {len(q)} characters long; a search takes at "
+                                f"most {MAX_QUERY_CHARS} (question and context)")
     lines = [f"{_QUESTION_LABEL}: {q}"]
     if context is not None:
         for attr, label in _LABELS:
             values = context_values(getattr(context, attr))
             if values:
                 lines.append(f"{label}: {', '.join(values)}")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if len(text) > MAX_QUERY_CHARS:
+        raise InvalidQueryError(f"the question and its context are {len(text)} characters long "
+                                f"once rendered; a search takes at most {MAX_QUERY_CHARS}")
+    return text

@@ -71,3 +71,21 @@ def test_a_required_value_no_unit_carries_is_an_available_empty_answer(
         published_demo: PublishedDemo) -> None:
     doc = search(published_demo.ws, "--require-table", "clinical.nowhere")
     assert doc["results"] == []
+
+
+def test_a_question_past_the_bound_is_refused_before_any_work(
+        published_demo: PublishedDemo) -> None:
+    # issue 14 item 11: a 40,000-character question took 34 s to embed; now it is a usage error
+    from evidence_runtime.query import MAX_QUERY_CHARS, InvalidQueryError, render_query
+
+    huge = "pazienti ricoverati " * 2000
+    result = cli("evidence", "search", str(published_demo.ws), huge, "--purpose",
+                 "sql_generation", "--json")
+    assert result.exit_code == 2
+    assert f"a search takes at most {MAX_QUERY_CHARS}" in result.stderr
+    assert result.stdout == ""
+    longest = "x" * (MAX_QUERY_CHARS - len("Domanda: "))
+    assert len(render_query(longest)) == MAX_QUERY_CHARS  # the bound itself is searchable
+    with pytest.raises(InvalidQueryError) as exc:
+        render_query(longest + "y")
+    assert exc.value.code == "invalid_query"

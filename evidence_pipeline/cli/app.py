@@ -461,7 +461,7 @@ def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str,
     --kind and --require-* are binding constraints (spec §10), applied as filters.
     Exit 0 when available (even with no results), 1 when Evidence is unavailable.
     """
-    from evidence_runtime.query import EmptyQueryError, EvidenceConstraints, EvidenceSearchContext
+    from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext, InvalidQueryError
     from evidence_runtime.search import EvidenceSearcher
 
     context = EvidenceSearchContext(tables=tables, columns=columns, concepts=concepts,
@@ -472,7 +472,7 @@ def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str,
     with EvidenceSearcher.for_workspace(workspace_root) as searcher:
         try:
             outcome = searcher.search(question, purpose, context, limit=limit)
-        except EmptyQueryError as exc:
+        except InvalidQueryError as exc:
             raise click.UsageError(str(exc)) from None
     if as_json:
         emit_json(outcome.model_dump(mode="json"))
