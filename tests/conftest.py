@@ -203,6 +203,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         setattr(owner, name, original)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that loads the embedding model through the fixtures (``e5``, and so the shipped
+    vectors' probe and the published demo) is ``slow`` by the marker's own definition."""
+    for item in items:
+        if "e5" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     _current[0] = item.nodeid.split("::")[0]
