@@ -116,6 +116,8 @@ def _nothing_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     for name in WATCHED:
         if name in request.fixturenames:
             value = request.getfixturevalue(name)
+            if isinstance(value, tuple) and value:  # (workspace, result)
+                value = value[0]
             root = value if isinstance(value, Path) else getattr(value, "ws", None)
             if isinstance(root, Path):
                 roots.append(root)
