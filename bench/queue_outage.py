@@ -72,6 +72,8 @@ def main() -> None:
                         help="the dagster.yaml to measure (default: this checkout's)")
     parser.add_argument("--sources", type=int, default=10, help="sources in the backfill")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the workspace, instance and logs (path on stderr)")
     args = parser.parse_args()
     import dagster as dg
 
@@ -122,6 +124,8 @@ def main() -> None:
                 time.sleep(1)
             record = instance.get_run_record_by_id(publish[0].run_id)
             assert record is not None and record.start_time and record.end_time
+            events = {e.dagster_event.event_type_value: e.timestamp
+                      for e in instance.all_logs(publish[0].run_id) if e.dagster_event}
             backfill_runs = [instance.get_run_record_by_id(r.run_id) for r in instance.get_runs(
                 dg.RunsFilter(tags={"dagster/backfill": backfill_id}))]
             durations = [r.end_time - r.start_time for r in backfill_runs
@@ -140,7 +144,9 @@ def main() -> None:
         "instance": str(args.instance), "sources": len(keys),
         "publish_status": publish[0].status.value,
         "sensor_latency_s": round(created - activated, 1),
-        "queued_s": round(record.start_time - created, 1),
+        # in the queue until the daemon hands it to the launcher, then the run worker's start
+        "queued_s": round(events["PIPELINE_STARTING"] - created, 1),
+        "run_worker_start_s": round(record.start_time - events["PIPELINE_STARTING"], 1),
         "publish_s": round(record.end_time - record.start_time, 1),
         "outage_s": round(record.end_time - activated, 1),
         "backfill_run_mean_s": round(statistics.mean(durations), 1) if durations else None,
@@ -155,7 +161,10 @@ def main() -> None:
     else:
         print(table(("figure", "value"), list(figures.items()),
                     title=f"load at start {info['load_avg_1m_at_start']}"))
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        log(f"kept: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
