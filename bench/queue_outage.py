@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, log, machine, run_tht, table, write_json
+from dagster_launches import serving
 
 BIN = Path(sys.executable).parent
 LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) {
@@ -48,12 +47,6 @@ def _gql(base: str, query: str, variables: dict[str, Any] | None = None) -> Any:
     if "errors" in document:
         raise RuntimeError(document["errors"])
     return document["data"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _seed_vectors(ws: Path) -> None:
@@ -90,22 +83,8 @@ def main() -> None:
     env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         keys = sync_source_partitions(instance, ws / "evidence")[0][:args.sources]
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    procs = [subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h",
-                               "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
-                              stdout=(tmp / "webserver.log").open("wb"),
-                              stderr=subprocess.STDOUT),
-             subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-                              cwd=REPO, env=env, stdout=(tmp / "daemon.log").open("wb"),
-                              stderr=subprocess.STDOUT)]
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.5)
+    with serving(home, ws, tmp, daemon=True) as port:
+        base = f"http://127.0.0.1:{port}"
         backfill = _gql(base, LAUNCH_BACKFILL, {"p": {
             "partitionNames": keys, "assetSelection": [{"path": ["source_file"]}]}})
         backfill_id = backfill["launchPartitionBackfill"]["backfillId"]
@@ -132,13 +111,6 @@ def main() -> None:
                          if r and r.start_time and r.end_time]
             backfill_end = max((r.end_time for r in backfill_runs if r and r.end_time),
                                default=None)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     created = record.create_timestamp.timestamp()
     figures = {
         "instance": str(args.instance), "sources": len(keys),
