@@ -27,6 +27,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +43,43 @@ DAEMONLESS = ("run_coordinator:\n  module: dagster._core.run_coordinator\n"
               "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _wait_for(url: str, server: subprocess.Popen[bytes], seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=5).read()
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the webserver did not start") from None
-            time.sleep(0.5)
+@contextmanager
+def serving(home: Path, ws: Path, logs: Path, *, daemon: bool = False) -> Iterator[int]:
+    """``dagster-webserver`` (and with ``daemon`` ``dagster-daemon``) on this checkout's code
+    location for ``ws``, instance ``home``; yields the port once the webserver answers."""
+    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
+    port = free_port()
+    commands = [[str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
+                 "-p", str(port)]]
+    if daemon:
+        commands.append([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.STDOUT,
+                              stdout=(logs / f"{Path(cmd[0]).name}.log").open("wb"))
+             for cmd in commands]
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).read()
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if procs[0].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the webserver did not start") from None
+                time.sleep(0.5)
+        yield port
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def _run_seconds(home: Path, run_id: str) -> float:
@@ -132,23 +155,18 @@ def main() -> None:
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         sync_source_partitions(instance, ws / "evidence")
-    port = _free_port()
-    log_file = (tmp / "webserver.log").open("wb")
-    server = subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h",
-                               "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
-                              stdout=log_file, stderr=subprocess.STDOUT)
+    # the note is a change for prepare: the no-op prepare runs on a copy without it, with its
+    # own instance (prepare brings the partitions in step with its workspace)
+    noop = create_demo_repo(tmp / "noop")
+    home_noop = tmp / "home-noop"
+    home_noop.mkdir()
+    (home_noop / "dagster.yaml").write_text(DAEMONLESS, encoding="utf-8")
     rows: dict[str, list[dict[str, float]]] = {}
-    try:
-        _wait_for(f"http://127.0.0.1:{port}/server_info", server)
+    with serving(home, ws, tmp) as port:
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
-        # the note is a change for prepare: the no-op prepare runs on a copy without it
-        noop = create_demo_repo(tmp / "noop")
-        (tmp / "home-noop").mkdir()
-        (tmp / "home-noop" / "dagster.yaml").write_text(DAEMONLESS, encoding="utf-8")
         for i in range(args.repeat):
             log(f"round {i + 1}/{args.repeat}")
-            # its own instance: prepare brings the partitions in step with its workspace
-            env_noop = {**env, "THT_WORKSPACE": str(noop), "DAGSTER_HOME": str(tmp / "home-noop")}
+            env_noop = {**env, "THT_WORKSPACE": str(noop), "DAGSTER_HOME": str(home_noop)}
             rows.setdefault("prepare (no-op): CLI, DAGSTER_HOME set", []).append(
                 {"wall_s": timed([str(BIN / "tht"), "evidence", "prepare", str(noop)],
                                  env_noop)})
@@ -160,14 +178,12 @@ def main() -> None:
             rows.setdefault("source_preview (1 new note): in-process, new process", []).append(
                 {"wall_s": timed([sys.executable, "-c", PREVIEW_IN_PROCESS, str(ws), NOTE],
                                  env)})
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log_file.close()
-    _prepare_ui(args.repeat, tmp, rows)
+    (tmp / "noop-logs").mkdir()
+    with serving(home_noop, noop, tmp / "noop-logs") as port:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        for _ in range(args.repeat):
+            rows.setdefault("prepare (no-op): UI launch", []).append(
+                ui_launch(client, home_noop, "prepare", {}))
     summary = {name: {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
                for name, runs in rows.items()}
     write_json("dagster_launches.json", {"machine": info, "runs": rows, "median": summary})
@@ -178,33 +194,6 @@ def main() -> None:
                     [(n, s["wall_s"], s.get("run_s", "–")) for n, s in summary.items()],
                     title=f"{args.repeat} round(s); load at start {info['load_avg_1m_at_start']}"))
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _prepare_ui(repeat: int, tmp: Path, rows: dict[str, list[dict[str, float]]]) -> None:
-    """The no-op prepare launched from the UI, on a workspace without the new note."""
-    from dagster_graphql import DagsterGraphQLClient
-
-    noop = tmp / "noop"
-    home = tmp / "home-noop"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(noop)}
-    port = _free_port()
-    log_file = (tmp / "webserver-noop.log").open("wb")
-    server = subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h",
-                               "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
-                              stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        _wait_for(f"http://127.0.0.1:{port}/server_info", server)
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
-        for _ in range(repeat):
-            rows.setdefault("prepare (no-op): UI launch", []).append(
-                ui_launch(client, home, "prepare", {}))
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log_file.close()
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, log, machine, run_tht, table, write_json
+from dagster_launches import serving
 
 BIN = Path(sys.executable).parent
 LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) {
@@ -48,12 +47,6 @@ def _gql(base: str, query: str, variables: dict[str, Any] | None = None) -> Any:
     if "errors" in document:
         raise RuntimeError(document["errors"])
     return document["data"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _seed_vectors(ws: Path) -> None:
@@ -72,6 +65,8 @@ def main() -> None:
                         help="the dagster.yaml to measure (default: this checkout's)")
     parser.add_argument("--sources", type=int, default=10, help="sources in the backfill")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the workspace, instance and logs (path on stderr)")
     args = parser.parse_args()
     import dagster as dg
 
@@ -88,22 +83,8 @@ def main() -> None:
     env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         keys = sync_source_partitions(instance, ws / "evidence")[0][:args.sources]
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    procs = [subprocess.Popen([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h",
-                               "127.0.0.1", "-p", str(port)], cwd=REPO, env=env,
-                              stdout=(tmp / "webserver.log").open("wb"),
-                              stderr=subprocess.STDOUT),
-             subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-                              cwd=REPO, env=env, stdout=(tmp / "daemon.log").open("wb"),
-                              stderr=subprocess.STDOUT)]
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.5)
+    with serving(home, ws, tmp, daemon=True) as port:
+        base = f"http://127.0.0.1:{port}"
         backfill = _gql(base, LAUNCH_BACKFILL, {"p": {
             "partitionNames": keys, "assetSelection": [{"path": ["source_file"]}]}})
         backfill_id = backfill["launchPartitionBackfill"]["backfillId"]
@@ -122,25 +103,22 @@ def main() -> None:
                 time.sleep(1)
             record = instance.get_run_record_by_id(publish[0].run_id)
             assert record is not None and record.start_time and record.end_time
+            events = {e.dagster_event.event_type_value: e.timestamp
+                      for e in instance.all_logs(publish[0].run_id) if e.dagster_event}
             backfill_runs = [instance.get_run_record_by_id(r.run_id) for r in instance.get_runs(
                 dg.RunsFilter(tags={"dagster/backfill": backfill_id}))]
             durations = [r.end_time - r.start_time for r in backfill_runs
                          if r and r.start_time and r.end_time]
             backfill_end = max((r.end_time for r in backfill_runs if r and r.end_time),
                                default=None)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     created = record.create_timestamp.timestamp()
     figures = {
         "instance": str(args.instance), "sources": len(keys),
         "publish_status": publish[0].status.value,
         "sensor_latency_s": round(created - activated, 1),
-        "queued_s": round(record.start_time - created, 1),
+        # in the queue until the daemon hands it to the launcher, then the run worker's start
+        "queued_s": round(events["PIPELINE_STARTING"] - created, 1),
+        "run_worker_start_s": round(record.start_time - events["PIPELINE_STARTING"], 1),
         "publish_s": round(record.end_time - record.start_time, 1),
         "outage_s": round(record.end_time - activated, 1),
         "backfill_run_mean_s": round(statistics.mean(durations), 1) if durations else None,
@@ -155,7 +133,10 @@ def main() -> None:
     else:
         print(table(("figure", "value"), list(figures.items()),
                     title=f"load at start {info['load_avg_1m_at_start']}"))
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        log(f"kept: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

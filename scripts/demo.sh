@@ -3,13 +3,36 @@
 #   1. build the demo workspace (a real Git repository) and validate it;
 #   2. on a scratch copy, edit one note and add one, prepare (structural backend), show the diff;
 #   3. activate the reviewed revision, publish it (preprocess evidence: gate included), search.
+# Every step says how long it took; the first set-up shows the packages installed so far, and
+# publishing draws a progress bar while it embeds the fragments (on a terminal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 DEMO="${1:-demo-workspace}"
 SCRATCH="${DEMO}-scratch"
 THT="$PWD/.venv/bin/tht"
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+STARTED=$SECONDS
+LAST=$SECONDS
+took() { printf '\033[2m   (%ss)\033[0m\n' "$((SECONDS - LAST))"; LAST=$SECONDS; }
+step() { [ "$SECONDS" -eq "$STARTED" ] || took; printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+if [ -x .venv/bin/tht ]; then
+  bash scripts/setup.sh
+else
+  step "setting up .venv: thoth-evidence and its dependencies (first run only, a few minutes)"
+  bash scripts/setup.sh &
+  SETUP=$!
+  while kill -0 "$SETUP" 2>/dev/null; do
+    sleep 2
+    n=$(find .venv/lib -maxdepth 3 -name '*.dist-info' 2>/dev/null | wc -l)
+    if [ -t 1 ]; then
+      printf '\r   %s packages installed (%ss)' "$n" "$((SECONDS - LAST))"
+    elif [ $(((SECONDS - LAST) % 30)) -lt 2 ]; then
+      printf '   %s packages installed (%ss)\n' "$n" "$((SECONDS - LAST))"
+    fi
+  done
+  [ -t 1 ] && printf '\n'
+  wait "$SETUP"
+fi
 
 step "building the demo workspace in $DEMO (a Git repository)"
 "$THT" demo init "$DEMO" --force
@@ -51,3 +74,5 @@ step "tht evidence evaluate $DEMO"
 step "tht evidence search: a question from a workflow stage"
 "$THT" evidence search "$DEMO" "Quali pazienti sono minorenni?" --purpose sql_generation --table clinical.patient --limit 3
 "$THT" evidence search "$DEMO" "Cosa significa il codice di dimissione T?" --purpose disambiguation --kind enum --limit 2
+took
+printf '\n\033[1mdemo finished in %dm%02ds\033[0m\n' "$(((SECONDS - STARTED) / 60))" "$(((SECONDS - STARTED) % 60))"

@@ -31,4 +31,6 @@ if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb
     echo "PostgreSQL could not be started; its registry tests will be skipped"
   fi
 fi
-.venv/bin/python -m pytest "$@"
+# One worker per core (pytest-xdist); a test module stays on one worker, so the workspace its
+# module fixtures publish is built once. `-n 0` runs everything in this process.
+.venv/bin/python -m pytest -n auto --dist loadfile "$@"

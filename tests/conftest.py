@@ -116,6 +116,8 @@ def _nothing_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     for name in WATCHED:
         if name in request.fixturenames:
             value = request.getfixturevalue(name)
+            if isinstance(value, tuple) and value:  # (workspace, result)
+                value = value[0]
             root = value if isinstance(value, Path) else getattr(value, "ws", None)
             if isinstance(root, Path):
                 roots.append(root)
@@ -201,6 +203,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     while _originals:
         owner, name, original = _originals.pop()
         setattr(owner, name, original)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that loads the embedding model through the fixtures (``e5``, and so the shipped
+    vectors' probe and the published demo) is ``slow`` by the marker's own definition."""
+    for item in items:
+        if "e5" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -54,6 +54,15 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
+def dagster_home(tmp_path: Path) -> Path:
+    """A DAGSTER_HOME under ``tmp_path`` with this repository's dagster.yaml (SQLite storage,
+    no telemetry), as the UI's and the CLI's runs use it."""
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
 def copy_workspace(src: Path, dest: Path) -> Path:
     """A private copy of a workspace: the same commits, and its .tht state (registry, Edge shard,
     vector cache, materialized revisions). Far cheaper than publishing again."""

@@ -184,6 +184,7 @@ def commit_and_activate(ws: Path, message: str) -> None:
 # --- definitions ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_definitions_validate_passes(tmp_path: Path) -> None:
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(tmp_path))}
     proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w",
@@ -387,6 +388,7 @@ def latest_version(instance: dg.DagsterInstance, key: str, partition: str) -> st
     return record.asset_materialization.tags.get("dagster/data_version")
 
 
+@pytest.mark.slow
 def test_an_unchanged_source_materializes_its_hash_and_nothing_downstream(
         demo_ws: Path, spy: SpyBackend) -> None:
     instance = dg.DagsterInstance.ephemeral()
@@ -426,6 +428,7 @@ def test_an_unchanged_source_materializes_its_hash_and_nothing_downstream(
     assert logs == ["unchanged: 54 source(s), 80 unit(s)"]
 
 
+@pytest.mark.slow
 def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
         tmp_path: Path, spy: SpyBackend) -> None:
     plain = create_demo_repo(tmp_path / "plain")
@@ -475,6 +478,7 @@ def _no_model_endpoint(ws: Path) -> list[str]:
     return ["--backend", "openai"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spoil", [_dirty_curated, _no_model_endpoint])
 def test_cli_prepare_fails_the_same_way_with_dagster_home(
         demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: Any) -> None:
@@ -763,6 +767,7 @@ def _dequeued(overrides: dict[str, Any], *, running: int, queued: int,
         return [r.job_name for r in runs]
 
 
+@pytest.mark.slow
 def test_the_queue_never_holds_a_publish_behind_authoring_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THT_WORKSPACE", str(ROOT / "examples" / "psd"))  # resolved, not read

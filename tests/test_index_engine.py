@@ -8,7 +8,6 @@ evaluate and search() read the embedded shard of thoth.yaml's default ``engine: 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -25,7 +24,7 @@ from evidence_pipeline.orchestration.resources import (
 from evidence_runtime.errors import ConfigError
 from evidence_runtime.search import EvidenceSearcher, index_config
 from evidence_runtime.workspace import load_workspace
-from tests.helpers import ROOT, PublishedDemo, cli, copy_workspace, edit
+from tests.helpers import PublishedDemo, cli, copy_workspace, dagster_home, edit
 
 SERVER = "http://qdrant.invalid:6333"
 REFUSED = ("THT_QDRANT_URL is set but index.engine is 'edge': thoth.yaml decides the engine; "
@@ -68,10 +67,7 @@ def test_the_url_variable_with_an_edge_workspace_is_refused_by_every_entry_point
     # Dagster: the resources read it the same way, and the run fails in one line
     assert IndexResource().model_dump() == {"api_key": None}
     assert "url" not in resources()["index"].model_dump()
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
-    with dg.DagsterInstance.from_config(str(home)) as instance:
+    with dg.DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
         result = dg.materialize(
             [active_index_evaluation], instance=instance, raise_on_error=False,
             resources={"workspace": WorkspaceResource(root=str(published)),

@@ -8,7 +8,6 @@ Real engines: Git, the structural model backend, the registry, and a Dagster ins
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from evidence_pipeline.orchestration.resources import (
 )
 from evidence_runtime.registry import Registry
 from evidence_runtime.workspace import load_workspace
-from tests.helpers import ROOT, commit, edit, head
+from tests.helpers import cli, commit, dagster_home, edit, head
 
 NOTE = "source/90-prove/esito-ps.md"
 # a code table with a third column: the structural backend flags it for review
@@ -51,10 +50,7 @@ SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_u
 @pytest.fixture
 def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     """A Dagster instance on disk with this repository's dagster.yaml (SQLite storage)."""
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
-    with dg.DagsterInstance.from_config(str(home)) as inst:
+    with dg.DagsterInstance.from_config(str(dagster_home(tmp_path))) as inst:
         yield inst
 
 
@@ -175,12 +171,7 @@ def test_publishing_before_an_activation_is_refused_in_one_line(
 
 def test_the_cli_through_dagster_still_gets_the_typed_error(
         demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.helpers import cli
-
-    home = tmp_path / "home"
-    home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
     out = cli("workspace", "preprocess", "evidence", str(demo_ws), "--json")
     assert out.exit_code == 2, out.output
     assert '"code": "no_activated_revision"' in out.stdout

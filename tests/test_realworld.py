@@ -29,7 +29,7 @@ from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.validation.rules import body_url_problems
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
-from tests.helpers import cli, commit
+from tests.helpers import VectorStore, cli, commit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "realworld"
 NOTES = sorted((FIXTURE / "evidence" / "source").iterdir())
@@ -70,7 +70,8 @@ def test_the_corpus_is_what_the_issue_describes() -> None:
 
 
 @pytest.mark.slow
-def test_real_world_notes_prepare_validate_and_publish(tmp_path: Path) -> None:
+def test_real_world_notes_prepare_validate_and_publish(tmp_path: Path,
+                                                       vector_store: VectorStore) -> None:
     ws = create_demo_repo(tmp_path / "ws", source=FIXTURE)
 
     # prepare: one batch, nothing refused (no url_invalid for "data:", no line too long)
@@ -136,6 +137,7 @@ def test_real_world_notes_prepare_validate_and_publish(tmp_path: Path) -> None:
     # publish on the embedded engine, gated by the corpus' own evaluation.yaml
     act = cli("workspace", "activate", str(ws))
     assert act.exit_code == 0, act.output
+    vector_store.seed(ws)  # the shipped vectors hold these notes' fragments too
     pre = cli("workspace", "preprocess", "evidence", str(ws), "--json")
     assert pre.exit_code == 0, pre.output
     published = json.loads(pre.stdout)

@@ -18,6 +18,7 @@ from evidence_pipeline.authoring.backends.base import BACKEND_NAMES
 from evidence_pipeline.cli.common import (
     EXIT_ERROR,
     EXIT_PROBLEMS,
+    embedding_bar,
     emit_json,
     error_document,
     fail,
@@ -302,7 +303,9 @@ def preprocess_evidence(workspace_root: Path, as_json: bool) -> None:
         if runs.enabled():
             preprocess = runs.run_preprocess  # same contract, recorded in Dagster
         # --- end Dagster ----------------------------------------------------------------------
-        result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"))
+        with embedding_bar() as bar:
+            result = preprocess(workspace_root, progress=lambda m: out.print(f"• {escape(m)}"),
+                                embedding=bar)
     except GateFailed as exc:  # the misses say why, without a second command
         shared = shared_records_after(workspace_root)  # spec §16, while a snapshot is saved
         if as_json:

@@ -6,10 +6,11 @@ document on stdout and nothing else there. Tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,26 @@ EXIT_ERROR = 2
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def embedding_bar() -> Iterator[Callable[[Any], None]]:
+    """A progress bar on stderr for the embedding of new fragments (the slow part of publishing
+    a new corpus); the callback takes ``EmbeddingProgress``. Drawn only on a terminal, and
+    cleared when done: the command's own output stays as it is."""
+    if not stderr.is_terminal:
+        yield lambda _progress: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress("embedding new fragments", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task("embedding", total=None)
+
+        def update(progress: Any) -> None:
+            bar.update(task, total=progress.total, completed=progress.done)
+
+        yield update
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import dagster as dg
 
+from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
+
 _listeners: list[Callable[[Any], None]] = []
 _failures: list[list[BaseException]] = []
 
@@ -30,6 +32,22 @@ def listening(callback: Callable[[Any], None]) -> Iterator[None]:
 def forward(item: Any) -> None:
     for callback in list(_listeners):
         callback(item)
+
+
+def embedding_progress(context: dg.OpExecutionContext) -> Callable[[EmbeddingProgress], None]:
+    """Embedding progress of a step: a log line at each tenth of the way (the run's log as a
+    progress bar), and every update to a listening CLI (which draws its own bar)."""
+    logged = -1
+
+    def report(progress: EmbeddingProgress) -> None:
+        nonlocal logged
+        forward(progress)
+        tenth = 10 * progress.done // progress.total if progress.total else 10
+        if tenth > logged:
+            logged = tenth
+            context.log.info(progress.line())
+
+    return report
 
 
 def tell(context: dg.OpExecutionContext, message: str) -> None:

@@ -42,7 +42,7 @@ from evidence_pipeline.orchestration.partitions import (
     check_source_key,
     sync_source_partitions,
 )
-from evidence_pipeline.orchestration.progress import tell
+from evidence_pipeline.orchestration.progress import embedding_progress, tell
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -218,7 +218,8 @@ def candidate_generation(context: dg.AssetExecutionContext, workspace: Workspace
     timings = {"fragments_s": time.perf_counter() - t}
     tell(context, f"{len(published_corpus.loaded)} units → {len(frags)} fragments")
     t = time.perf_counter()
-    emb, vectors, computed = embed_fragments(ws, frags, embedder.make(ws))
+    emb, vectors, computed = embed_fragments(ws, frags, embedder.make(ws),
+                                             progress=embedding_progress(context))
     timings["embed_s"] = time.perf_counter() - t
     tell(context, f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
     outside = _record_sources(context, ws, published_corpus.revision, frags, emb.model_id)

@@ -146,9 +146,10 @@ def _applied(result: Any) -> bool:
                for e in result.all_events)
 
 
-def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None
-                   ) -> PublishResult:
-    """``preprocess`` as the Dagster job ``publish``; raises what :func:`preprocess` raises."""
+def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None,
+                   embedding: Callable[[Any], None] | None = None) -> PublishResult:
+    """``preprocess`` as the Dagster job ``publish``; raises what :func:`preprocess` raises
+    (``embedding`` hears the embedding progress, as from :func:`preprocess`)."""
     from evidence_pipeline.orchestration.jobs import publish_job
     from evidence_pipeline.orchestration.publishing import (
         active_generation,
@@ -157,9 +158,17 @@ def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None
         publishable,
         published_corpus,
     )
+    from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
     from evidence_pipeline.publishing.publish import gate_failure, require_publishable
 
-    result, failures = _execute(publish_job.name, root, {}, progress)
+    def heard(item: Any) -> None:
+        if isinstance(item, EmbeddingProgress):
+            if embedding is not None:
+                embedding(item)
+        elif progress is not None:
+            progress(item)
+
+    result, failures = _execute(publish_job.name, root, {}, heard)
     if result.success:
         published = result.output_for_node(active_generation.node_def.name)
         published.timings = _timings(result, published.timings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +21,7 @@ from evidence_runtime.errors import EmbedderError, EvidenceError
 
 __all__ = [
     "CacheStats",
+    "EmbeddingProgress",
     "PassageEmbedder",
     "VectorCache",
     "VectorCacheError",
@@ -31,6 +32,22 @@ __all__ = [
 _DTYPE = np.dtype("<f4")  # stored little-endian float32, whatever the machine
 _CHUNK = 500  # keys per SELECT, under SQLite's bound-variable limit everywhere
 DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class EmbeddingProgress:
+    """How far the embedding of the passages the cache did not have is: ``done`` of
+    ``total``. The CLI draws it as a progress bar, a Dagster step logs it as a line."""
+
+    done: int
+    total: int
+
+    def line(self) -> str:
+        percent = 100 * self.done // self.total if self.total else 100
+        return f"embedding: {self.done}/{self.total} new fragment(s) ({percent}%)"
+
+
+PROGRESS_BATCH = 16  # passages per embedding call when progress is reported (as fast: measured)
 
 
 class VectorCacheError(EvidenceError):
@@ -175,14 +192,19 @@ def embed_with_cache(
     cache: VectorCache,
     *,
     batch_size: int = 256,
+    progress: Callable[[EmbeddingProgress], None] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Vectors for ``texts`` as a ``(n, dim)`` float32 array, and how many texts were embedded.
 
     Only the distinct misses go to ``embedder.embed_passages``, in batches that are cached as
-    soon as they are computed, so an interrupted run keeps its progress.
+    soon as they are computed, so an interrupted run keeps its progress. ``progress`` hears
+    how many of them are done, before the first batch and after each (batches of
+    :data:`PROGRESS_BATCH` then).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if progress is not None:
+        batch_size = min(batch_size, PROGRESS_BATCH)
     dim = int(embedder.dim)
     out = np.empty((len(texts), dim), dtype=np.float32)
     hits = cache.get_many(embedder.model_id, texts)
@@ -194,6 +216,8 @@ def embed_with_cache(
         if i not in hits or hits[i].shape != (dim,):
             missing.setdefault(text, []).append(i)
     todo = list(missing)
+    if progress is not None and todo:
+        progress(EmbeddingProgress(0, len(todo)))
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
         vectors = np.asarray(embedder.embed_passages(batch))
@@ -208,4 +232,6 @@ def embed_with_cache(
         cache.put_many(embedder.model_id, batch, vectors)
         for text, vector in zip(batch, vectors, strict=True):
             out[missing[text]] = vector
+        if progress is not None:
+            progress(EmbeddingProgress(start + len(batch), len(todo)))
     return out, len(todo)

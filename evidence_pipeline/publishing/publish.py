@@ -32,7 +32,11 @@ from typing import Any
 
 from evidence_pipeline.gitrepo import require_clean, resolve_revision
 from evidence_pipeline.lock import exclusive_lock
-from evidence_pipeline.publishing.embedding_cache import VectorCache, embed_with_cache
+from evidence_pipeline.publishing.embedding_cache import (
+    EmbeddingProgress,
+    VectorCache,
+    embed_with_cache,
+)
 from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
@@ -257,6 +261,7 @@ def fragment_payload(ws: Workspace, revision: str, generation: int, item: Loaded
 
 
 def preprocess(root: Any, *, progress: Progress | None = None,
+               embedding: Callable[[EmbeddingProgress], None] | None = None,
                embedder: Embedder | None = None,
                index_factory: Callable[[Workspace, int], IndexWriter] | None = None,
                ) -> PublishResult:
@@ -284,7 +289,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
         say(f"{len(corpus.loaded)} units → {len(frags)} fragments")
 
         t = time.perf_counter()
-        emb, vectors, computed = embed_fragments(ws, frags, embedder)
+        emb, vectors, computed = embed_fragments(ws, frags, embedder, progress=embedding)
         timings["embed_s"] = time.perf_counter() - t
         say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
 
@@ -390,15 +395,19 @@ def cut_fragments(ws: Workspace, loaded: list[LoadedUnit]) -> list[tuple[LoadedU
 
 
 def embed_fragments(ws: Workspace, frags: list[tuple[LoadedUnit, Fragment]],
-                    embedder: Embedder | None = None) -> tuple[Embedder, Any, int]:
-    """Dense vectors of the fragments, cached by (model, text): (embedder, vectors, computed)."""
+                    embedder: Embedder | None = None, *,
+                    progress: Callable[[EmbeddingProgress], None] | None = None,
+                    ) -> tuple[Embedder, Any, int]:
+    """Dense vectors of the fragments, cached by (model, text): (embedder, vectors, computed);
+    ``progress`` hears how far the embedding of the fragments not cached is."""
     try:
         emb = embedder or make_embedder(ws.config.embeddings.model,
                                         max_chunk_chars=ws.config.embeddings.max_chunk_chars,
                                         threads=ws.config.embeddings.threads)
         cache = VectorCache(ws.state_dir / "vectors.sqlite3")
         try:
-            vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache)
+            vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache,
+                                                 progress=progress)
         finally:
             cache.close()
     except EvidenceError as exc:
