@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from click.testing import CliRunner, Result
 
 from evidence_pipeline.cli import main
@@ -32,6 +35,33 @@ def commit(ws: Path, message: str = "test change", *, allow_empty: bool = False)
     git(ws, "add", "-A")
     git(ws, "commit", "-q", *(["--allow-empty"] if allow_empty else []), "-m", message)
     return head(ws)
+
+
+def new_workspace(ws: Path, files: Mapping[str, str] | None = None, *,
+                  config: str = "workspace_id: test\nlanguage: italian\n",
+                  message: str = "sources") -> Path:
+    """A new Git workspace at ``ws``: ``thoth.yaml``, ``.tht`` ignored, ``evidence/source/`` and
+    ``files`` (paths relative to ``evidence/``), all committed with ``message``."""
+    (ws / "evidence" / "source").mkdir(parents=True)
+    (ws / "thoth.yaml").write_text(config, encoding="utf-8")
+    (ws / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    for rel, text in (files or {}).items():
+        f = ws / "evidence" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text, encoding="utf-8")
+    git(ws, "init", "-q")
+    commit(ws, message)
+    return ws
+
+
+def edit_demo(ws: Path) -> None:
+    """A new revision of the demo: one source edited, one added, committed."""
+    edited = sorted((ws / "evidence/source").rglob("*.md"))[0]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\nRiga aggiunta in revisione.\n",
+                      encoding="utf-8")
+    (ws / "evidence/source/99-nuova.md").write_text(
+        "# Nota nuova\n\nIl codice reparto 999 indica i reparti dismessi.\n", encoding="utf-8")
+    commit(ws, "edit")
 
 
 def head(ws: Path) -> str:
@@ -120,6 +150,30 @@ class PublishedDemo:
     activate_stdout: str
     preprocess_json: dict[str, Any]
     preprocess_stderr: str
+
+
+# --------------------------------------------------------------------------- foreign records
+
+FOREIGN_KINDS = ["schema_table", "schema_column", "memory", "solved_question"]
+
+
+def foreign_records(count: int = 24, *, dim: int = 384, seed: int = 7,
+                    tag: Mapping[str, Any] | None = None,
+                    ) -> list[tuple[Any, list[float], dict[str, Any]]]:
+    """Schema/Memory records as another system wrote them: dense only, int and UUID ids; every
+    third one also carries ``tag`` (e.g. this workspace and a generation number)."""
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((count, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    records: list[tuple[Any, list[float], dict[str, Any]]] = []
+    for i in range(count):
+        kind = FOREIGN_KINDS[i % len(FOREIGN_KINDS)]
+        rid: Any = i + 1 if i % 2 else str(uuid.uuid5(uuid.NAMESPACE_URL, f"foreign-{i}"))
+        payload: dict[str, Any] = {"record_kind": kind, "name": f"t{i}"}
+        if tag and i % 3 == 0:
+            payload |= tag
+        records.append((rid, vectors[i].tolist(), payload))
+    return records
 
 
 # --------------------------------------------------------------------------- fault summaries

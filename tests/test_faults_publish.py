@@ -81,6 +81,7 @@ from tests.helpers import (
     cli,
     commit,
     copy_workspace,
+    edit_demo,
     fault_outcomes,
 )
 from tests.test_publish import QUESTION, SMALL_EVALUATION
@@ -419,20 +420,11 @@ def test_a_registry_that_cannot_be_opened_is_one_clear_line(
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def _edit_demo(ws: Path) -> None:
-    edited = sorted((ws / "evidence/source").rglob("*.md"))[0]
-    edited.write_text(edited.read_text(encoding="utf-8") + "\nRiga aggiunta in revisione.\n",
-                      encoding="utf-8")
-    (ws / "evidence/source/99-nuova.md").write_text(
-        "# Nota nuova\n\nIl codice reparto 999 indica i reparti dismessi.\n", encoding="utf-8")
-    commit(ws, "edit")
-
-
 @pytest.fixture(scope="module")
 def prepared_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """What a successful prepare of the edited demo writes (structural backend)."""
     ws = create_demo_repo(tmp_path_factory.mktemp("reference") / "ws")
-    _edit_demo(ws)
+    edit_demo(ws)
     result = cli("evidence", "prepare", str(ws), "--backend", "structural", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["status"] == "applied"
@@ -443,7 +435,7 @@ def prepared_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, by
 def test_disk_full_while_staging_a_prepare(tmp_path: Path, prepared_reference: dict[str, bytes],
                                            monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     ws = create_demo_repo(tmp_path / "ws")
-    _edit_demo(ws)
+    edit_demo(ws)
     with scenario("disk full", f"prepare staging: {where}") as outcome:
         before = tree_bytes(ws)
         assert before != prepared_reference

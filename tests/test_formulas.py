@@ -34,7 +34,7 @@ from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_pipeline.validation.problems import Severity, Status
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
-from tests.helpers import commit
+from tests.helpers import commit, new_workspace
 
 ETA = """# Età al ricovero
 
@@ -75,18 +75,9 @@ INCOMPATIBLE = {
 
 
 def make_ws(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
-    ws = tmp_path / "ws"
-    (ws / "evidence" / "source").mkdir(parents=True)
-    (ws / "thoth.yaml").write_text("workspace_id: test\nlanguage: italian\n", encoding="utf-8")
-    (ws / ".gitignore").write_text(".tht/\n", encoding="utf-8")
-    (ws / "evidence" / "README.md").write_text("# Evidence\n", encoding="utf-8")
-    for rel, text in (files or {}).items():
-        f = ws / "evidence" / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text, encoding="utf-8")
-    git(ws, "init", "-q")
-    commit(ws, "workspace")
-    return ws
+    return new_workspace(tmp_path / "ws", {"README.md": "# Evidence\n", **(files or {})},
+                         message="workspace")
+
 
 
 def make_store(tmp_path: Path, entries: dict[str, str | bytes], name: str = "legacy") -> Path:

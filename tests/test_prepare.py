@@ -38,7 +38,7 @@ from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
-from tests.helpers import commit
+from tests.helpers import commit, edit_demo, new_workspace
 
 PAZIENTE = """# Paziente
 
@@ -98,17 +98,8 @@ def run_prepare(ws: Path, backend: ScriptedBackend, **kw: Any):
 
 
 def make_ws(tmp_path: Path, files: dict[str, str]) -> Path:
-    ws = tmp_path / "ws"
-    (ws / "evidence" / "source").mkdir(parents=True)
-    (ws / "thoth.yaml").write_text("workspace_id: test\nlanguage: italian\n", encoding="utf-8")
-    (ws / ".gitignore").write_text(".tht/\n", encoding="utf-8")
-    for rel, text in files.items():
-        f = ws / "evidence" / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text, encoding="utf-8")
-    git(ws, "init", "-q")
-    commit(ws, "sources")
-    return ws
+    return new_workspace(tmp_path / "ws", files)
+
 
 
 def status(ws: Path) -> str:
@@ -495,15 +486,6 @@ BEFORE_COMMIT = ["stage_file", "before_commit"]
 AFTER_COMMIT = ["after_commit", "swap_file", "before_cleanup", "during_cleanup"]
 
 
-def _edit_demo(ws: Path) -> None:
-    edited = sorted((ws / "evidence/source").rglob("*.md"))[0]
-    edited.write_text(edited.read_text(encoding="utf-8") + "\nRiga aggiunta in revisione.\n",
-                      encoding="utf-8")
-    (ws / "evidence/source/99-nuova.md").write_text(
-        "# Nota nuova\n\nIl codice reparto 999 indica i reparti dismessi.\n", encoding="utf-8")
-    commit(ws, "edit")
-
-
 def _cli_prepare(ws: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "evidence_pipeline.cli", "evidence",
                            "prepare", str(ws), "--backend", "structural", "--json"],
@@ -516,13 +498,13 @@ def test_kill_during_apply_never_leaves_a_mixed_tree(tmp_path: Path, step: str) 
     from evidence_pipeline.demo import create_demo_repo
 
     ref = create_demo_repo(tmp_path / "ref")
-    _edit_demo(ref)
+    edit_demo(ref)
     done = _cli_prepare(ref)
     assert done.returncode == 0, done.stderr
     expected = tree_snapshot(ref)
 
     ws = create_demo_repo(tmp_path / "ws")
-    _edit_demo(ws)
+    edit_demo(ws)
     before = tree_snapshot(ws)
     assert expected != before
     crashed = _cli_prepare(ws, THT_FAULT_APPLY_STEP=step)

