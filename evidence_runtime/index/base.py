@@ -13,9 +13,10 @@ point's value, or one of its list values, is one of them); all conditions are AN
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 
 import numpy.typing as npt
 import qdrant_edge as qe
@@ -33,6 +34,7 @@ __all__ = [
     "Hit",
     "Match",
     "QueryMode",
+    "Search",
     "Vector",
     "as_floats",
     "bm25_model",
@@ -112,9 +114,32 @@ def _stopword_language(language: str) -> qe.Language | None:
     return getattr(qe.Language, language.capitalize(), None)
 
 
+@dataclass(frozen=True)
+class Search:
+    """The checked arguments of one :meth:`EvidenceIndex.query`, as an engine receives them."""
+
+    mode: QueryMode
+    dense: Vector | None
+    text: str | None
+    match: Match
+    limit: int
+    prefetch_limit: int
+    rrf_k: int
+    weights: Weights | None
+    bm25: Bm25Settings | None
+
+
+# A page reader of :meth:`EvidenceIndex.scroll_ids`: the ids after ``offset`` and the next offset.
+ScrollPage = Callable[[Any], tuple[list[str], Any]]
+
+
 @runtime_checkable
 class EvidenceIndex(Protocol):
-    """What a reader of the index can do; both engines implement exactly these."""
+    """What a reader of the index can do; both engines implement exactly these.
+
+    The engines subclass it: :meth:`query`, :meth:`scroll_ids` and the context manager are
+    written here once, over three engine hooks (``_engine``, ``_scroller``, ``_search``).
+    """
 
     def count(self, match: Match) -> int:
         """Exact number of points matching ``match`` (``{}``: all points)."""
@@ -122,7 +147,17 @@ class EvidenceIndex(Protocol):
 
     def scroll_ids(self, match: Match) -> list[str]:
         """Ids (as strings, sorted) of the points matching ``match``."""
-        ...
+        page = self._scroller(match)
+        ids: list[str] = []
+        offset: Any = None
+        with self._engine("listing points"):
+            while True:
+                found, offset = page(offset)
+                ids.extend(found)
+                if offset is None:
+                    break
+        ids.sort()
+        return ids
 
     def query(
         self,
@@ -145,7 +180,9 @@ class EvidenceIndex(Protocol):
         (diagnostics). ``bm25``: the tokenizer settings of the generation searched (None: the
         index language's defaults). Hits come best first, ties broken by id.
         """
-        ...
+        check_query_args(mode, dense, text, limit, weights)
+        return sorted_hits(self._search(Search(mode, dense, text, match, limit, prefetch_limit,
+                                               rrf_k, weights, bm25)))
 
     def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
         """Plain dense search on the default vector over any records (Schema/Memory included)."""
@@ -153,6 +190,24 @@ class EvidenceIndex(Protocol):
 
     def close(self) -> None:
         """Release the engine (Edge: drop the shard lock). Idempotent."""
+        ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _engine(self, what: str) -> AbstractContextManager[None]:
+        """Turns the engine's own exceptions raised inside it into typed index errors."""
+        ...
+
+    def _scroller(self, match: Match) -> ScrollPage:
+        """The page reader of the points matching ``match`` (checked before any read)."""
+        ...
+
+    def _search(self, search: Search) -> list[Hit]:
+        """The hits of one checked query, in any order."""
         ...
 
 

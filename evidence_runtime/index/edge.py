@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import qdrant_edge as qe
 
@@ -26,16 +26,16 @@ from evidence_runtime.index.base import (
     BM25_VECTOR,
     SCROLL_PAGE,
     Bm25Settings,
+    EvidenceIndex,
     Hit,
     Match,
-    QueryMode,
+    ScrollPage,
+    Search,
     Vector,
-    Weights,
     as_floats,
     bm25_model,
     cached_bm25,
     check_match,
-    check_query_args,
     sorted_hits,
 )
 
@@ -84,11 +84,11 @@ def shard_exists(path: Path) -> bool:
     return (path / EDGE_CONFIG_FILE).is_file()
 
 
-def _scored(points: Sequence[qe.ScoredPoint]) -> list[Hit]:
-    return sorted_hits([Hit(str(p.id), p.score, dict(p.payload or {})) for p in points])
+def _hits(points: Sequence[qe.ScoredPoint]) -> list[Hit]:
+    return [Hit(str(p.id), p.score, dict(p.payload or {})) for p in points]
 
 
-class EdgeIndex:
+class EdgeIndex(EvidenceIndex):
     """A Qdrant Edge shard (the embedded default), read-only.
 
     The shard takes an exclusive lock: while this object is open no other process can open the
@@ -133,12 +133,6 @@ class EdgeIndex:
                     raise error from exc
             time.sleep(min(LOCK_POLL_S, left))
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def _live(self) -> qe.EdgeShard:
         if self._closed:
             raise IndexUnavailableError("the embedded index was closed", path=str(self.path))
@@ -161,52 +155,29 @@ class EdgeIndex:
         with self._engine("counting points"):
             return shard.count(qe.CountRequest(exact=True, filter=edge_filter(match)))
 
-    def scroll_ids(self, match: Match) -> list[str]:
+    def _scroller(self, match: Match) -> ScrollPage:
         shard = self._live()
         flt = edge_filter(match)
-        ids: list[str] = []
-        offset: qe.PointId | None = None
-        with self._engine("listing points"):
-            while True:
-                records, offset = shard.scroll(
-                    qe.ScrollRequest(
-                        offset=offset,
-                        limit=SCROLL_PAGE,
-                        filter=flt,
-                        with_payload=False,
-                        with_vector=False,
-                    )
-                )
-                ids.extend(str(r.id) for r in records)
-                if offset is None:
-                    break
-        ids.sort()
-        return ids
 
-    def query(
-        self,
-        *,
-        dense: Vector | None,
-        text: str | None,
-        match: Match,
-        limit: int,
-        mode: QueryMode = "fused",
-        prefetch_limit: int = 50,
-        rrf_k: int = 60,
-        weights: Weights | None = None,
-        bm25: Bm25Settings | None = None,
-    ) -> list[Hit]:
-        check_query_args(mode, dense, text, limit, weights)
+        def page(offset: Any) -> tuple[list[str], Any]:
+            records, after = shard.scroll(qe.ScrollRequest(
+                offset=offset, limit=SCROLL_PAGE, filter=flt, with_payload=False,
+                with_vector=False))
+            return [str(r.id) for r in records], after
+        return page
+
+    def _search(self, search: Search) -> list[Hit]:
         shard = self._live()
-        flt = edge_filter(match)
-        tokens = cached_bm25(self._bm25_models, self._bm25, bm25)
-        if mode == "dense":
+        flt = edge_filter(search.match)
+        tokens = cached_bm25(self._bm25_models, self._bm25, search.bm25)
+        dense, text, limit = search.dense, search.text, search.limit
+        if search.mode == "dense":
             assert dense is not None
             request = qe.QueryRequest(
                 limit=limit, query=qe.Query.Nearest(as_floats(dense)), filter=flt,
                 with_payload=True,
             )
-        elif mode == "bm25":
+        elif search.mode == "bm25":
             assert text is not None
             request = qe.QueryRequest(
                 limit=limit,
@@ -216,26 +187,25 @@ class EdgeIndex:
             )
         else:
             assert dense is not None and text is not None
+            weights = list(search.weights) if search.weights is not None else None
             request = qe.QueryRequest(
                 limit=limit,
                 prefetches=[
+                    qe.Prefetch(limit=search.prefetch_limit,
+                                query=qe.Query.Nearest(as_floats(dense)), filter=flt),
                     qe.Prefetch(
-                        limit=prefetch_limit, query=qe.Query.Nearest(as_floats(dense)), filter=flt
-                    ),
-                    qe.Prefetch(
-                        limit=prefetch_limit,
+                        limit=search.prefetch_limit,
                         query=qe.Query.Nearest(tokens.embed_query(text), using=BM25_VECTOR),
                         filter=flt,
                     ),
                 ],
                 # the stubs leave Fusion.Rrf out of the query union; the engine takes it
                 query=qe.Fusion.Rrf(  # pyright: ignore[reportArgumentType]
-                    k=rrf_k, weights=list(weights) if weights is not None else None),
+                    k=search.rrf_k, weights=weights),
                 with_payload=True,
             )
         with self._engine("searching"):
-            points = shard.query(request)
-        return _scored(points)
+            return _hits(shard.query(request))
 
     def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
         shard = self._live()
@@ -247,7 +217,7 @@ class EdgeIndex:
         )
         with self._engine("searching"):
             points = shard.query(request)
-        return _scored(points)
+        return sorted_hits(_hits(points))
 
     def copy_to(self, dest: Path | str) -> None:
         """Copy the shard's files to ``dest`` (a new directory) while this process holds the

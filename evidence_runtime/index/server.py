@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 from evidence_runtime.errors import ConfigError, IndexError_, IndexUnavailableError
 from evidence_runtime.index.base import (
@@ -19,16 +19,16 @@ from evidence_runtime.index.base import (
     BM25_VECTOR,
     SCROLL_PAGE,
     Bm25Settings,
+    EvidenceIndex,
     Hit,
     Match,
-    QueryMode,
+    ScrollPage,
+    Search,
     Vector,
-    Weights,
     as_floats,
     bm25_model,
     cached_bm25,
     check_match,
-    check_query_args,
     sorted_hits,
 )
 
@@ -41,7 +41,7 @@ __all__ = ["ServerIndex"]
 Bm25Mode = Literal["server", "client"]
 
 
-class ServerIndex:
+class ServerIndex(EvidenceIndex):
     """A collection on a Qdrant server (or ``QdrantClient(":memory:")`` / ``path=``), read-only.
 
     :meth:`close` closes the client.
@@ -67,12 +67,6 @@ class ServerIndex:
         self._bm25 = bm25_model(language)  # also checks the language in server mode
         self._doc_options = {"language": language}
         self._bm25_models: dict[Bm25Settings, qe.Bm25] = {}  # other generations' settings
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     @contextlib.contextmanager
     def _engine(self, what: str) -> Generator[None, None, None]:
@@ -132,70 +126,48 @@ class ServerIndex:
                 self.collection, count_filter=self._filter(match), exact=True
             ).count
 
-    def scroll_ids(self, match: Match) -> list[str]:
+    def _scroller(self, match: Match) -> ScrollPage:
         flt = self._filter(match)
-        ids: list[str] = []
-        offset: Any = None
-        with self._engine("listing points"):
-            while True:
-                records, offset = self.client.scroll(
-                    self.collection,
-                    scroll_filter=flt,
-                    limit=SCROLL_PAGE,
-                    offset=offset,
-                    with_payload=False,
-                    with_vectors=False,
-                )
-                ids.extend(str(r.id) for r in records)
-                if offset is None:
-                    break
-        ids.sort()
-        return ids
 
-    def query(
-        self,
-        *,
-        dense: Vector | None,
-        text: str | None,
-        match: Match,
-        limit: int,
-        mode: QueryMode = "fused",
-        prefetch_limit: int = 50,
-        rrf_k: int = 60,
-        weights: Weights | None = None,
-        bm25: Bm25Settings | None = None,
-    ) -> list[Hit]:
-        check_query_args(mode, dense, text, limit, weights)
+        def page(offset: Any) -> tuple[list[str], Any]:
+            records, after = self.client.scroll(
+                self.collection, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
+                with_payload=False, with_vectors=False)
+            return [str(r.id) for r in records], after
+        return page
+
+    def _search(self, search: Search) -> list[Hit]:
         m = self._m
-        flt = self._filter(match)
+        flt = self._filter(search.match)
+        dense, text, bm25 = search.dense, search.text, search.bm25
         kwargs: dict[str, Any]
-        if mode == "dense":
+        if search.mode == "dense":
             assert dense is not None
             kwargs = {"query": as_floats(dense), "query_filter": flt}
-        elif mode == "bm25":
+        elif search.mode == "bm25":
             assert text is not None
             kwargs = {"query": self._query_vector(text, bm25), "using": BM25_VECTOR,
                       "query_filter": flt}
         else:
             assert dense is not None and text is not None
+            weights = list(search.weights) if search.weights is not None else None
             kwargs = {
                 "prefetch": [
-                    m.Prefetch(query=as_floats(dense), filter=flt, limit=prefetch_limit),
+                    m.Prefetch(query=as_floats(dense), filter=flt, limit=search.prefetch_limit),
                     m.Prefetch(
                         query=self._query_vector(text, bm25),
                         using=BM25_VECTOR,
                         filter=flt,
-                        limit=prefetch_limit,
+                        limit=search.prefetch_limit,
                     ),
                 ],
-                "query": m.RrfQuery(rrf=m.Rrf(
-                    k=rrf_k, weights=list(weights) if weights is not None else None)),
+                "query": m.RrfQuery(rrf=m.Rrf(k=search.rrf_k, weights=weights)),
             }
         with self._engine("searching"):
             points = self.client.query_points(
-                self.collection, limit=limit, with_payload=True, **kwargs
+                self.collection, limit=search.limit, with_payload=True, **kwargs
             ).points
-        return sorted_hits([Hit(str(p.id), p.score, p.payload or {}) for p in points])
+        return [Hit(str(p.id), p.score, p.payload or {}) for p in points]
 
     def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
         with self._engine("searching"):
