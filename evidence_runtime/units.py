@@ -10,9 +10,17 @@ from __future__ import annotations
 import re
 import unicodedata
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
 MAX_EXCERPT_CHARS = 1000
@@ -99,6 +107,20 @@ def check_source_path(value: str) -> str:
     return value
 
 
+def check_evidence_id(value: str) -> str:
+    """Check ``evidence:<slug>``; no word of the slug is a kind name (spec §4.2: the id does
+    not contain the kind, wherever it stands)."""
+    if not ID_RE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an id of the form evidence:<slug> (lowercase letters, digits, -)"
+        )
+    kinds = [w for w in value.removeprefix(ID_PREFIX).split("-") if w in EvidenceKind.__members__]
+    if kinds:
+        raise ValueError(f"{value!r} contains the kind name {kinds[0]!r}; ids must not contain "
+                         "a kind")
+    return value
+
+
 def column_table(column: str) -> str:
     """The table part of a column reference (``a.b.c`` → ``a.b``)."""
     parts = _split_ident_path(column)
@@ -109,7 +131,38 @@ def _split_ident_path(ref: str) -> list[str]:
     return re.findall(rf"{_IDENT}", ref)
 
 
+def check_sha256(value: str) -> str:
+    """Accept ``sha256:`` followed by 64 lowercase hex digits."""
+    if not SHA256_RE.fullmatch(value):
+        raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
+    return value
+
+
+def _table_refs(values: list[str]) -> list[str]:
+    return _unique([check_table_ref(t) for t in values])
+
+
+def _column_refs(values: list[str]) -> list[str]:
+    return _unique([check_column_ref(c) for c in values])
+
+
+_Ids = TypeVar("_Ids", list[str], tuple[str, ...])
+
+
+def check_evidence_ids(values: _Ids) -> _Ids:
+    """Check every id of a list or tuple with :func:`check_evidence_id`."""
+    for value in values:
+        check_evidence_id(value)
+    return values
+
+
+# Field types that carry their checks (a list is checked as a whole, so an error names the list).
 NonBlank = Annotated[str, Field(min_length=1)]
+Text = Annotated[str, Field(min_length=1), AfterValidator(_nonblank)]  # not only white space
+Sha256 = Annotated[str, AfterValidator(check_sha256)]
+TableRefs = Annotated[list[str], AfterValidator(_table_refs)]  # unique table references
+ColumnRefs = Annotated[list[str], AfterValidator(_column_refs)]  # unique column references
+EvidenceIds = Annotated[list[str], AfterValidator(check_evidence_ids)]
 
 
 class ReviewItem(BaseModel):
@@ -118,7 +171,7 @@ class ReviewItem(BaseModel):
     model_config = _strict()
 
     code: str
-    message: NonBlank
+    message: Text
     field: str | None = None
 
     @field_validator("code")
@@ -128,11 +181,6 @@ class ReviewItem(BaseModel):
             raise ValueError("must be a snake_case code such as ambiguous_source_statement")
         return v
 
-    @field_validator("message")
-    @classmethod
-    def _message(cls, v: str) -> str:
-        return _nonblank(v)
-
 
 class AppliesTo(BaseModel):
     """Concepts and database elements the unit is about."""
@@ -140,23 +188,13 @@ class AppliesTo(BaseModel):
     model_config = _strict()
 
     concepts: list[NonBlank] = Field(default_factory=list)
-    tables: list[str] = Field(default_factory=list)
-    columns: list[str] = Field(default_factory=list)
+    tables: TableRefs = Field(default_factory=list)
+    columns: ColumnRefs = Field(default_factory=list)
 
     @field_validator("concepts")
     @classmethod
     def _concepts(cls, v: list[str]) -> list[str]:
         return _unique([_nonblank(c) for c in v])
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return _unique([check_table_ref(t) for t in v])
-
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, v: list[str]) -> list[str]:
-        return _unique([check_column_ref(c) for c in v])
 
 
 class Provenance(BaseModel):
@@ -164,21 +202,9 @@ class Provenance(BaseModel):
 
     model_config = _strict()
 
-    source_file: str
-    source_sha256: str
+    source_file: Annotated[str, AfterValidator(check_source_path)]
+    source_sha256: Sha256
     supporting_excerpts: list[str] = Field(min_length=1, max_length=MAX_EXCERPTS)
-
-    @field_validator("source_file")
-    @classmethod
-    def _source_file(cls, v: str) -> str:
-        return check_source_path(v)
-
-    @field_validator("source_sha256")
-    @classmethod
-    def _sha(cls, v: str) -> str:
-        if not SHA256_RE.fullmatch(v):
-            raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
-        return v
 
     @field_validator("supporting_excerpts")
     @classmethod
@@ -228,13 +254,8 @@ class EnumBlock(BaseModel):
 
     model_config = _strict()
 
-    column: str
+    column: Annotated[str, AfterValidator(check_column_ref)]
     values: dict[str, NonBlank] = Field(min_length=1)
-
-    @field_validator("column")
-    @classmethod
-    def _column(cls, v: str) -> str:
-        return check_column_ref(v)
 
     @field_validator("values")
     @classmethod
@@ -261,19 +282,9 @@ class MappingBlock(BaseModel):
     model_config = _strict()
 
     concept: NonBlank
-    tables: list[str] = Field(min_length=1)
-    columns: list[str] = Field(default_factory=list)
+    tables: TableRefs = Field(min_length=1)
+    columns: ColumnRefs = Field(default_factory=list)
     notes: str | None = None
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, v: list[str]) -> list[str]:
-        return _unique([check_table_ref(t) for t in v])
-
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, v: list[str]) -> list[str]:
-        return _unique([check_column_ref(c) for c in v])
 
     @model_validator(mode="after")
     def _columns_in_tables(self) -> MappingBlock:
@@ -307,13 +318,8 @@ class FormulaBlock(BaseModel):
     model_config = _strict()
 
     concept: NonBlank
-    columns: list[str] = Field(min_length=1)
+    columns: ColumnRefs = Field(min_length=1)
     sql: NonBlank
-
-    @field_validator("columns")
-    @classmethod
-    def _columns(cls, v: list[str]) -> list[str]:
-        return _unique([check_column_ref(c) for c in v])
 
 
 class ReferenceBlock(BaseModel):
@@ -337,20 +343,14 @@ class UnitBase(BaseModel):
     model_config = _strict()
 
     schema_version: Literal[1]
-    id: str
-    title: NonBlank
+    id: Annotated[str, AfterValidator(check_evidence_id)]
+    title: Text
     kind: EvidenceKind
     purposes: list[EvidencePurpose] = Field(min_length=1)
     applies_to: AppliesTo = Field(default_factory=AppliesTo)
     language: str
     provenance: Provenance
     review_items: list[ReviewItem] = Field(default_factory=list[ReviewItem])
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        check_evidence_id(v)
-        return v
 
     @field_validator("language")
     @classmethod
@@ -366,29 +366,10 @@ class UnitBase(BaseModel):
             raise ValueError("duplicate purpose")
         return v
 
-    @field_validator("title")
-    @classmethod
-    def _title(cls, v: str) -> str:
-        return _nonblank(v)
-
     @property
     def block(self) -> BaseModel:
         """The kind-specific block."""
         return getattr(self, self.kind.value)
-
-
-def check_evidence_id(value: str) -> str:
-    """Check ``evidence:<slug>``; no word of the slug is a kind name (spec §4.2: the id does
-    not contain the kind, wherever it stands)."""
-    if not ID_RE.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not an id of the form evidence:<slug> (lowercase letters, digits, -)"
-        )
-    kinds = [w for w in value.removeprefix(ID_PREFIX).split("-") if w in EvidenceKind.__members__]
-    if kinds:
-        raise ValueError(f"{value!r} contains the kind name {kinds[0]!r}; ids must not contain "
-                         "a kind")
-    return value
 
 
 class GlossaryUnit(UnitBase):

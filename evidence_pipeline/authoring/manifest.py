@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evidence_pipeline.authoring.curated_writer import dump_rt
-from evidence_runtime.curated import decode_text
-from evidence_runtime.errors import EvidenceError, UnitFormatError
-from evidence_runtime.units import SHA256_RE, check_evidence_id, check_source_path
+from evidence_runtime.curated import decode_text, validation_messages
+from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError
+from evidence_runtime.units import EvidenceIds, Sha256, check_source_path
 from evidence_runtime.yamlio import load_rt, to_plain
 
 PIPELINE_VERSION = 1
@@ -35,28 +35,14 @@ RETIREMENT_CODE = "source_no_longer_supports_unit"
 
 
 class ManifestError(EvidenceError):
-    code = "manifest_malformed"
+    code = ErrorCode.manifest_malformed
 
 
 class SourceEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sha256: str
-    units: list[str] = Field(default_factory=list)
-
-    @field_validator("sha256")
-    @classmethod
-    def _sha(cls, v: str) -> str:
-        if not SHA256_RE.fullmatch(v):
-            raise ValueError("must be 'sha256:' followed by 64 lowercase hex digits")
-        return v
-
-    @field_validator("units")
-    @classmethod
-    def _units(cls, v: list[str]) -> list[str]:
-        for unit_id in v:
-            check_evidence_id(unit_id)
-        return v
+    sha256: Sha256
+    units: EvidenceIds = Field(default_factory=list)
 
 
 class Manifest(BaseModel):
@@ -64,9 +50,9 @@ class Manifest(BaseModel):
 
     pipeline_version: int
     sources: dict[str, SourceEntry] = Field(default_factory=dict)
-    orphans: list[str] = Field(default_factory=list)
-    retirement_candidates: list[str] = Field(default_factory=list)
-    retired_ids: list[str] = Field(default_factory=list)
+    orphans: EvidenceIds = Field(default_factory=list)
+    retirement_candidates: EvidenceIds = Field(default_factory=list)
+    retired_ids: EvidenceIds = Field(default_factory=list)
     orphaned_sources: dict[str, SourceEntry] = Field(default_factory=dict)
 
     @field_validator("sources", "orphaned_sources")
@@ -77,13 +63,6 @@ class Manifest(BaseModel):
                 check_source_path(path)
             except ValueError as exc:
                 raise ValueError(f"source {path!r}: {exc}") from None
-        return v
-
-    @field_validator("orphans", "retirement_candidates", "retired_ids")
-    @classmethod
-    def _ids(cls, v: list[str]) -> list[str]:
-        for unit_id in v:
-            check_evidence_id(unit_id)
         return v
 
     def unit_sources(self) -> dict[str, list[str]]:
@@ -174,10 +153,8 @@ def parse_manifest(text: str, *, path: str) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ManifestError(err["msg"].removeprefix("Value error, "), path=path,
-                            field=field) from None
+        field, message = validation_messages(exc)[0]
+        raise ManifestError(message, path=path, field=field) from None
 
 
 def read_manifest(evidence_dir: Path, *, shown: str | None = None) -> Manifest | None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evidence_runtime.curated import decode_text
+from evidence_runtime.curated import decode_text, validation_messages
 from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError
 from evidence_runtime.query import EvidenceSearchContext
-from evidence_runtime.units import EvidencePurpose, check_evidence_id
+from evidence_runtime.units import EvidencePurpose, check_evidence_ids
 from evidence_runtime.yamlio import load_rt, to_plain
 
 EVALUATION_NAME = "evaluation.yaml"
@@ -31,14 +32,7 @@ class EvalQuery(BaseModel):
     profile: Profile
     purpose: EvidencePurpose
     context: EvidenceSearchContext = Field(default_factory=EvidenceSearchContext)
-    expected: tuple[str, ...] = Field(min_length=1)
-
-    @field_validator("expected")
-    @classmethod
-    def _expected(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for unit_id in v:
-            check_evidence_id(unit_id)
-        return v
+    expected: Annotated[tuple[str, ...], AfterValidator(check_evidence_ids)] = Field(min_length=1)
 
 
 class EvaluationSet(BaseModel):
@@ -71,7 +65,5 @@ def read_evaluation(evidence_dir: Path, *, shown: str | None = None) -> Evaluati
     try:
         return EvaluationSet.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise EvidenceError(err["msg"].removeprefix("Value error, "), path=shown,
-                            field=field, code=MALFORMED) from None
+        field, message = validation_messages(exc)[0]
+        raise EvidenceError(message, path=shown, field=field, code=MALFORMED) from None
