@@ -8,12 +8,12 @@ load/save round trip is byte-identical and a change touches only the edited line
 from __future__ import annotations
 
 import io
-import re
 from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from evidence_pipeline.markdown import BlockKind, parse_blocks, split_lines
 from evidence_runtime.curated import DELIMITER, CuratedDocument
 from evidence_runtime.units import UnitBase, unit_to_data
 from evidence_runtime.yamlio import make_yaml
@@ -59,9 +59,6 @@ def document_from_unit(unit: UnitBase, body: str, *, path: str | None = None) ->
     return CuratedDocument(front=to_rt(unit_to_data(unit)), body=body, path=path)
 
 
-_HEADING = re.compile(r"^#{1,6}[ \t]+(.*?)[ \t#]*$")
-
-
 def render_body(unit: UnitBase, text: str | None = None) -> str:
     """Markdown body: a title heading and the restructured text (or the first excerpt).
 
@@ -69,10 +66,10 @@ def render_body(unit: UnitBase, text: str | None = None) -> str:
     not get it twice.
     """
     content = (text if text is not None else unit.provenance.supporting_excerpts[0]).strip()
-    first, _, rest = content.partition("\n")
-    heading = _HEADING.match(first)
-    if heading and heading.group(1).strip().casefold() == unit.title.strip().casefold():
-        content = rest.strip()
+    blocks = parse_blocks(content)
+    if (blocks and blocks[0].kind is BlockKind.heading
+            and blocks[0].title.casefold() == unit.title.strip().casefold()):
+        content = "\n".join(split_lines(content)[blocks[0].end:]).strip()
     return f"\n# {unit.title}\n\n{content}\n" if content else f"\n# {unit.title}\n"
 
 

@@ -15,7 +15,7 @@ from evidence_pipeline.authoring.manifest import Manifest
 from evidence_pipeline.authoring.normalize import drop_embedded_data, normalize_text
 from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_runtime.curated import decode_text
-from evidence_runtime.errors import EvidenceError, UnitFormatError
+from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError
 
 ALLOWED_SUFFIXES = (".sql.md", ".md", ".txt")
 # Guards against hostile size only, set where no real note reaches: the file, with its images
@@ -24,13 +24,12 @@ ALLOWED_SUFFIXES = (".sql.md", ".md", ".txt")
 # real notes hold.
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
 MAX_TEXT_CHARS = 1_000_000
-MAX_LINE_CHARS = MAX_SOURCE_BYTES  # no separate line limit (a line is at most the whole file)
 
 
 class SourceError(EvidenceError):
     """A source file cannot be taken in (encoding, size, path, type)."""
 
-    code = "source_invalid"
+    code = ErrorCode.source_invalid
 
 
 class Change(StrEnum):

@@ -24,15 +24,10 @@ from evidence_pipeline.authoring.manifest import (
     SourceEntry,
     dump_manifest,
 )
-from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.authoring.normalize import excerpt_in_source
 from evidence_pipeline.authoring.session import AuthoringSession
-from evidence_pipeline.authoring.sources import (
-    MAX_LINE_CHARS,
-    MAX_SOURCE_BYTES,
-    Source,
-    SourceError,
-    check_rel_path,
-)
+from evidence_pipeline.authoring.sources import Source, SourceError, check_rel_path
+from evidence_pipeline.authoring.sources import take_in as take_in_source
 from evidence_pipeline.validation.corpus import SourceReader, sha256_bytes
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
 from evidence_pipeline.validation.rules import (
@@ -40,8 +35,7 @@ from evidence_pipeline.validation.rules import (
     credential_problems,
     schema_problems,
 )
-from evidence_runtime.curated import decode_text
-from evidence_runtime.errors import EvidenceError, UnitFormatError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.units import (
     ID_PREFIX,
     MAX_EXCERPT_CHARS,
@@ -57,7 +51,7 @@ FORMULA_PURPOSES = ("sql_generation", "schema_linking")
 class FormulaImportError(EvidenceError):
     """An import was refused; nothing was written. ``problems`` lists validation findings."""
 
-    code = "formula_import_failed"
+    code = ErrorCode.formula_import_failed
 
     def __init__(self, message: str, problems: Sequence[Problem] = (), **kw: Any) -> None:
         super().__init__(message, **kw)
@@ -152,26 +146,13 @@ def formula_data(*, eid: str, title: str, concept: str, columns: Sequence[str], 
 
 
 def take_in(raw: bytes, rel: str, *, shown: str) -> Source:
-    """The intake rules of ``sources.read_source`` for bytes not yet under evidence/source/."""
+    """:func:`sources.take_in` (with its path check) for bytes not yet under evidence/source/;
+    a refusal is a :class:`FormulaImportError` naming ``shown``, with the source's code."""
     try:
         check_rel_path(rel)
+        return take_in_source(raw, rel)
     except SourceError as exc:
         raise FormulaImportError(exc.message, path=shown, code=exc.code) from None
-    if len(raw) > MAX_SOURCE_BYTES:
-        raise FormulaImportError(f"file is {len(raw)} bytes, larger than the "
-                                 f"{MAX_SOURCE_BYTES} byte limit", path=shown,
-                                 code="source_too_large")
-    try:
-        text = decode_text(raw, path=shown)
-    except UnitFormatError as exc:
-        raise FormulaImportError(exc.message, path=shown,
-                                 code="source_encoding_invalid") from None
-    longest = max((len(line) for line in text.splitlines()), default=0)
-    if longest > MAX_LINE_CHARS:
-        raise FormulaImportError(f"a line has {longest} characters (limit {MAX_LINE_CHARS})",
-                                 path=shown, code="source_too_large")
-    return Source(path=rel, sha256=sha256_bytes(raw), text=text,
-                  normalized=normalize_text(text))
 
 
 class _PendingSources(SourceReader):

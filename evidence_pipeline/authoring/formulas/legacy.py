@@ -21,13 +21,14 @@ from evidence_pipeline.authoring.formulas.importer import (
     take_in,
 )
 from evidence_pipeline.authoring.sources import Source
-from evidence_pipeline.markdown import SQL_LANGS
+from evidence_pipeline.markdown import SQL_LANGS, BlockKind, parse_blocks, split_lines
 from evidence_pipeline.validation.rules import (
     FORMULA_SQL_REVIEW_CODES,
     LEGACY_FORMULA_SOURCES,
     check_formula_sql,
     find_credentials,
 )
+from evidence_runtime.errors import ErrorCode
 from evidence_runtime.units import check_column_ref
 from evidence_runtime.workspace import load_workspace
 
@@ -36,14 +37,16 @@ LEGACY_SOURCE_DIR = LEGACY_FORMULA_SOURCES.rstrip("/")
 LEGACY_INCOMPATIBLE = "legacy_formula_incompatible"
 assert LEGACY_INCOMPATIBLE in FORMULA_SQL_REVIEW_CODES
 
-_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
 _COLUMNS_LINE = re.compile(
     r"^\s*(?:[-*+]\s+)?(?:\*\*|__)?(?:colonne|colonna|columns|column|input columns|"
     r"colonne di input)(?:\*\*|__)?\s*:\s*(?:\*\*|__)?\s*(.+?)\s*$", re.IGNORECASE)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_$]*"
 _THREE_PART = re.compile(rf"(?<![\w.$]){_IDENT}\.{_IDENT}\.{_IDENT}(?![\w.$(])")
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _malformed(message: str, shown: str) -> FormulaImportError:
+    return FormulaImportError(message, path=shown, code=ErrorCode.legacy_formula_malformed)
 
 
 @dataclass(frozen=True)
@@ -59,35 +62,36 @@ class LegacyFormula:
 
 
 def parse_legacy(text: str, *, shown: str) -> LegacyFormula:
-    """Read one legacy entry; :class:`FormulaImportError` naming the file when it cannot be."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    """Read one legacy entry; :class:`FormulaImportError` naming the file when it cannot be.
+
+    Fences and headings are the top-level blocks of the one Markdown grammar
+    (:func:`evidence_pipeline.markdown.parse_blocks`); the other lines are free text, cut into
+    paragraphs at blank lines, headings, code blocks and the columns line."""
+    lines = split_lines(text)
+    starts = {b.start: b for b in parse_blocks(text)
+              if b.kind in (BlockKind.fence, BlockKind.heading)}
     title: str | None = None
-    title_line: int | None = None
+    title_span: tuple[int, int] | None = None
     sql_blocks: list[str] = []
     prose: list[str | None] = []  # None separates paragraphs
     columns_lines: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
-        fence = _FENCE.match(line)
-        if fence:
-            marker, lang = fence.group(1), fence.group(2).lower()
-            close = re.compile(rf"^\s{{0,3}}{re.escape(marker[0])}{{{len(marker)},}}\s*$")
-            end = next((j for j in range(i + 1, len(lines)) if close.match(lines[j])), None)
-            if end is None:
-                raise FormulaImportError(f"the code block opened on line {i + 1} is not closed",
-                                         path=shown, code="legacy_formula_malformed")
-            if lang in SQL_LANGS:
-                sql_blocks.append("\n".join(lines[i + 1:end]))
+        block = starts.get(i)
+        if block is not None:
+            if block.kind is BlockKind.fence:
+                if not block.closed:
+                    raise _malformed(f"the code block opened on line {i + 1} is not closed",
+                                     shown)
+                if block.lang in SQL_LANGS:
+                    sql_blocks.append("\n".join(block.content))
+            elif title is None:
+                title, title_span = block.title, (block.start, block.end)
             prose.append(None)
-            i = end + 1
+            i = block.end
             continue
-        heading = _HEADING.match(line)
-        if heading:
-            if title is None:
-                title, title_line = heading.group(1).strip(), i
-            prose.append(None)
-        elif not line.strip():
+        if not line.strip():
             prose.append(None)
         elif _COLUMNS_LINE.match(line):
             columns_lines.append(line.strip())
@@ -96,18 +100,16 @@ def parse_legacy(text: str, *, shown: str) -> LegacyFormula:
             prose.append(line.strip())
         i += 1
     if not sql_blocks:
-        raise FormulaImportError("no ```sql block: a legacy formula holds its SQL in one ```sql "
-                                 "fenced block", path=shown, code="legacy_formula_malformed")
+        raise _malformed("no ```sql block: a legacy formula holds its SQL in one ```sql "
+                         "fenced block", shown)
     if len(sql_blocks) > 1:
-        raise FormulaImportError(f"{len(sql_blocks)} ```sql blocks: a legacy formula holds "
-                                 "exactly one", path=shown, code="legacy_formula_malformed")
+        raise _malformed(f"{len(sql_blocks)} ```sql blocks: a legacy formula holds exactly one",
+                         shown)
     sql = sql_blocks[0].strip("\n").rstrip()
     if not sql.strip():
-        raise FormulaImportError("the ```sql block is empty", path=shown,
-                                 code="legacy_formula_malformed")
-    if title is None or title_line is None:
-        raise FormulaImportError("no '# heading' naming the formula's concept", path=shown,
-                                 code="legacy_formula_malformed")
+        raise _malformed("the ```sql block is empty", shown)
+    if title is None or title_span is None:
+        raise _malformed("no '# heading' naming the formula's concept", shown)
     paragraphs: list[str] = []
     current: list[str] = []
     for item in [*prose, None]:
@@ -118,7 +120,7 @@ def parse_legacy(text: str, *, shown: str) -> LegacyFormula:
         else:
             current.append(item)
     columns = _columns(columns_lines, sql, paragraphs, shown=shown)
-    body = "\n".join(lines[:title_line] + lines[title_line + 1:]).strip()
+    body = "\n".join(lines[:title_span[0]] + lines[title_span[1]:]).strip()
     return LegacyFormula(title=title, paragraphs=tuple(paragraphs),
                          columns_line=columns_lines[0] if columns_lines else None,
                          columns=tuple(columns), sql=sql, body=body)
@@ -139,8 +141,7 @@ def _columns(columns_lines: list[str], sql: str, paragraphs: list[str], *,
             try:
                 check_column_ref(value)
             except ValueError as exc:
-                raise FormulaImportError(f"columns line: {exc}", path=shown,
-                                         code="legacy_formula_malformed") from None
+                raise _malformed(f"columns line: {exc}", shown) from None
             if value not in found:
                 found.append(value)
     if not found:
@@ -150,17 +151,15 @@ def _columns(columns_lines: list[str], sql: str, paragraphs: list[str], *,
                 if m.group(0) not in found:
                     found.append(m.group(0))
     if not found:
-        raise FormulaImportError(
-            "no input columns: name them in a line 'Colonne: schema.table.column, …'",
-            path=shown, code="legacy_formula_malformed")
+        raise _malformed(
+            "no input columns: name them in a line 'Colonne: schema.table.column, …'", shown)
     return found
 
 
 def _legacy_candidate(file: Path, *, language: str) -> Candidate:
     shown = str(file)
     if file.is_symlink() or not file.is_file():
-        raise FormulaImportError("not a regular file (symlinks are not followed)", path=shown,
-                                 code="legacy_formula_malformed")
+        raise _malformed("not a regular file (symlinks are not followed)", shown)
     raw = file.read_bytes()
     rel = f"{LEGACY_SOURCE_DIR}/{file.name}"
     source = take_in(raw, rel, shown=shown)
@@ -168,7 +167,7 @@ def _legacy_candidate(file: Path, *, language: str) -> Candidate:
     if found:
         # the file would be copied into the repository as it is: refuse before anything else
         raise FormulaImportError(f"looks like a credential ({found[0]}); remove it from the "
-                                 "legacy entry", path=shown, code="credentials_found")
+                                 "legacy entry", path=shown, code=ErrorCode.credentials_found)
     entry = parse_legacy(source.text, shown=shown)
 
     def build(src: Source, eid: str) -> tuple[dict[str, Any], str]:
@@ -207,10 +206,10 @@ def import_formulas(root: Path, legacy_dir: Path) -> ImportResult:
     store = Path(legacy_dir) / "formulas"
     if not store.is_dir():
         raise FormulaImportError("no formulas/ directory in the legacy store",
-                                 path=str(legacy_dir), code="legacy_store_missing")
+                                 path=str(legacy_dir), code=ErrorCode.legacy_store_missing)
     files = sorted(f for f in store.glob("*.sql.md") if not f.name.startswith("."))
     if not files:
         raise FormulaImportError("the legacy store holds no formulas/*.sql.md files",
-                                 path=str(store), code="legacy_store_missing")
+                                 path=str(store), code=ErrorCode.legacy_store_missing)
     candidates = [_legacy_candidate(f, language=ws.config.language_code) for f in files]
     return run_import(ws, candidates, what="import-formulas")
