@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 
 __all__ = [
     "MARKER_NAME",
@@ -40,7 +40,7 @@ MAX_LISTED = 10
 class GitError(EvidenceError):
     """The workspace is not a usable Git work tree, is dirty, or a revision is unknown."""
 
-    code = "git_error"
+    code = ErrorCode.git_error
 
 
 def open_repo(root: Path) -> git.Repo:
@@ -90,24 +90,18 @@ def _run_git(root: Path, action: str, repo: git.Repo, *args: str) -> str:
         raise GitError(f"cannot {action}: {detail or exc}", path=str(root)) from None
 
 
+def _git_z(root: Path, action: str, *args: str, under: Sequence[str]) -> list[str]:
+    """The NUL-separated entries ``git <args> -- <under's pathspecs>`` writes (``args`` ask
+    for ``-z``), in Git's order, empty ones included."""
+    with open_repo(root) as repo:
+        return _run_git(root, action, repo, *args, "--", *_pathspecs(under)).split("\0")
+
+
 def dirty_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
     """Repo-relative paths with uncommitted changes (staged, unstaged or untracked, not
     ignored) under ``under`` (the whole tree when empty), sorted."""
-    specs = _pathspecs(under)
-    with open_repo(root) as repo:
-        out = _run_git(
-            root,
-            "read the Git status",
-            repo,
-            "status",
-            "--porcelain=v1",
-            "-z",
-            "--untracked-files=all",
-            "--ignore-submodules=none",
-            "--",
-            *specs,
-        )
-    entries = out.split("\0")
+    entries = _git_z(root, "read the Git status", "status", "--porcelain=v1", "-z",
+                     "--untracked-files=all", "--ignore-submodules=none", under=under)
     paths: set[str] = set()
     i = 0
     while i < len(entries):
@@ -127,10 +121,9 @@ def dirty_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
 def ignored_paths(root: Path, under: Sequence[str] = ()) -> list[str]:
     """Repo-relative paths of the files Git ignores under ``under`` (the whole tree when
     empty), sorted: files no commit will ever hold."""
-    with open_repo(root) as repo:
-        out = _run_git(root, "list ignored files", repo, "ls-files", "-z", "--others",
-                       "--ignored", "--exclude-standard", "--", *_pathspecs(under))
-    return sorted(p for p in out.split("\0") if p)
+    out = _git_z(root, "list ignored files", "ls-files", "-z", "--others", "--ignored",
+                 "--exclude-standard", under=under)
+    return sorted(p for p in out if p)
 
 
 def require_clean(root: Path, under: Sequence[str] = (), *, what: str) -> None:
@@ -357,22 +350,9 @@ def changed_files(
     """Repo-relative paths that differ between two commits (a rename is its two paths), sorted."""
     old_sha = resolve_revision(root, old_rev)
     new_sha = resolve_revision(root, new_rev)
-    specs = _pathspecs(under)
-    with open_repo(root) as repo:
-        out = _run_git(
-            root,
-            "compare revisions",
-            repo,
-            "diff",
-            "--name-only",
-            "-z",
-            "--no-renames",
-            old_sha,
-            new_sha,
-            "--",
-            *specs,
-        )
-    return sorted({p for p in out.split("\0") if p})
+    out = _git_z(root, "compare revisions", "diff", "--name-only", "-z", "--no-renames",
+                 old_sha, new_sha, under=under)
+    return sorted({p for p in out if p})
 
 
 def committed_bytes_with_sha256(root: Path, path: str, sha256: str, *,
