@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     registry_locked = "registry_locked"
     registry_corrupt = "registry_corrupt"
     stage_without_evidence = "stage_without_evidence"
+    invalid_query = "invalid_query"
     unknown_stage = "unknown_stage"
     # workspace, Git and local state
     git_error = "git_error"

@@ -9,6 +9,7 @@ import unicodedata
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.units import EvidenceKind
 
 _QUESTION_LABEL = "Domanda"
@@ -51,11 +52,11 @@ class EvidenceSearchContext(BaseModel):
 MAX_QUERY_CHARS = 4000
 
 
-class InvalidQueryError(ValueError):
-    """The question cannot be searched (code ``invalid_query``): a caller's bug, not a fault of
-    the Evidence service, so it is raised rather than answered as ``unavailable``."""
+class InvalidQueryError(EvidenceError, ValueError):
+    """The question cannot be searched: a caller's bug, not a fault of the Evidence service, so
+    it is raised rather than answered as ``unavailable``."""
 
-    code = "invalid_query"
+    code = ErrorCode.invalid_query
 
 
 class EmptyQueryError(InvalidQueryError):

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence_runtime.errors import ConfigError, EvidenceError
+from evidence_runtime.errors import ConfigError, ErrorCode, EvidenceError
 from evidence_runtime.query import EvidenceSearchContext
 from evidence_runtime.search import (
     EvidenceSearcher,
@@ -63,7 +63,7 @@ STAGE_PURPOSES: Mapping[WorkflowStage, EvidencePurpose] = MappingProxyType({
 class StageError(EvidenceError, ValueError):
     """A stage that does not consult Evidence (memory, synthesis) or an unknown stage name."""
 
-    code = "stage_without_evidence"
+    code = ErrorCode.stage_without_evidence
 
 
 def _stage(stage: WorkflowStage | str) -> WorkflowStage:

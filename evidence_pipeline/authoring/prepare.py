@@ -45,7 +45,7 @@ from evidence_pipeline.authoring.sources import (
 )
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.workspace import Workspace, load_workspace
 
 __all__ = [
@@ -74,7 +74,7 @@ class PrepareError(EvidenceError):
     ``not_attempted``: the changed sources never sent to the model because an earlier model
     call failed (the first failure ends the batch, spec §5.3)."""
 
-    code = "prepare_failed"
+    code = ErrorCode.prepare_failed
 
     def __init__(self, message: str, problems: Sequence[Problem], *,
                  model_calls: int | None = None, not_attempted: Sequence[str] = (),

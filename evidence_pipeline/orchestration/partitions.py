@@ -22,7 +22,7 @@ from evidence_pipeline.authoring.sources import (
     check_rel_path,
     list_sources,
 )
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.errors import ErrorCode, EvidenceError
 
 SOURCE_PARTITIONS = dg.DynamicPartitionsDefinition(name="evidence_sources")
 MAX_KEY_CHARS = 512
@@ -34,7 +34,7 @@ _MAPPING_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 class PartitionKeyError(EvidenceError):
     """A partition key that does not name exactly one acceptable source file."""
 
-    code = "partition_key_invalid"
+    code = ErrorCode.partition_key_invalid
 
 
 def check_source_key(key: str) -> str:

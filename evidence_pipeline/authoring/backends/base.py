@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from evidence_runtime.errors import ConfigError, EvidenceError
+from evidence_runtime.errors import ConfigError, ErrorCode, EvidenceError
 from evidence_runtime.units import (
     BLOCK_CLASSES,
     MAX_EXCERPT_CHARS,
@@ -114,7 +114,7 @@ class ModelBackendError(EvidenceError):
     ``model_unknown_id``. ``path`` is always the source file.
     """
 
-    code = "model_error"
+    code = ErrorCode.model_error
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
