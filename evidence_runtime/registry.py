@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from evidence_runtime.closing import Closeable
 from evidence_runtime.errors import ErrorCode, RegistryError, RegistryLockedError
 
 __all__ = ["Generation", "GenerationStatus", "Registry"]
@@ -288,7 +289,7 @@ class _PostgresAdapter(_Adapter):
 # --------------------------------------------------------------------------- the registry
 
 
-class Registry:
+class Registry(Closeable):
     """The registry of one installation (all workspaces), read-only; safe to share between
     threads."""
 
@@ -325,12 +326,6 @@ class Registry:
     def location(self) -> str:
         """Where the registry lives (a path, or a URL without its password)."""
         return self._adapter.location
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection; idempotent."""

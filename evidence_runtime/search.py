@@ -18,6 +18,7 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
+from evidence_runtime.closing import Closeable
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import (
     ConfigError,
@@ -102,16 +103,12 @@ class EvidenceResult(BaseModel):
     document: DocumentRef
 
 
-class EvidenceSearchOutcome(BaseModel):
-    """``available`` (generation queried, zero or more results) or ``unavailable`` (code)."""
+class _Outcome(BaseModel):
+    """``available``, or ``unavailable`` with a code and a message saying why."""
 
     model_config = ConfigDict(frozen=True)
 
     status: Literal["available", "unavailable"]
-    generation: int | None = None
-    revision: str | None = None
-    purpose: EvidencePurpose | None = None
-    results: tuple[EvidenceResult, ...] = ()
     code: UnavailableCode | None = None
     message: str | None = None
 
@@ -119,20 +116,24 @@ class EvidenceSearchOutcome(BaseModel):
     def available(self) -> bool:
         return self.status == "available"
 
+
+class EvidenceSearchOutcome(_Outcome):
+    """``available`` (generation queried, zero or more results) or ``unavailable`` (code)."""
+
+    generation: int | None = None
+    revision: str | None = None
+    purpose: EvidencePurpose | None = None
+    results: tuple[EvidenceResult, ...] = ()
+
     @property
     def evidence_ids(self) -> list[str]:
         return [r.evidence_id for r in self.results]
 
 
-class DocumentOutcome(BaseModel):
+class DocumentOutcome(_Outcome):
     """The full curated document of a result, or ``unavailable`` with ``document_missing``."""
 
-    model_config = ConfigDict(frozen=True)
-
-    status: Literal["available", "unavailable"]
     text: str | None = None
-    code: UnavailableCode | None = None
-    message: str | None = None
 
 
 def unavailable(code: UnavailableCode, message: str, **kw: Any) -> EvidenceSearchOutcome:
@@ -246,7 +247,7 @@ def _excerpt(text: str) -> str:
     return text[:MAX_RESULT_EXCERPT_CHARS - 1] + "…"
 
 
-class EvidenceSearcher:
+class EvidenceSearcher(Closeable):
     """A long-lived searcher: opens the index and the embedder once; safe to share between
     threads. Opening failures are retried on the next call (the searcher recovers when, e.g.,
     a publisher releases the embedded shard).
@@ -340,12 +341,6 @@ class EvidenceSearcher:
             if self._owns_registry and self._registry is not None:
                 self._registry.close()
                 self._registry = None
-
-    def __enter__(self) -> EvidenceSearcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- search ---------------------------------------------------------------------------
 

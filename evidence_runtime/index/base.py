@@ -137,8 +137,9 @@ ScrollPage = Callable[[Any], tuple[list[str], Any]]
 class EvidenceIndex(Protocol):
     """What a reader of the index can do; both engines implement exactly these.
 
-    The engines subclass it: :meth:`query`, :meth:`scroll_ids` and the context manager are
-    written here once, over three engine hooks (``_engine``, ``_scroller``, ``_search``).
+    The engines subclass it: :meth:`query`, :meth:`dense_search`, :meth:`scroll_ids` and the
+    context manager are written here once, over three engine hooks (``_engine``, ``_scroller``,
+    ``_search``).
     """
 
     def count(self, match: Match) -> int:
@@ -186,7 +187,9 @@ class EvidenceIndex(Protocol):
 
     def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
         """Plain dense search on the default vector over any records (Schema/Memory included)."""
-        ...
+        return sorted_hits(self._search(Search("dense", vector, None, match, limit,
+                                                prefetch_limit=0, rrf_k=0, weights=None,
+                                                bm25=None)))
 
     def close(self) -> None:
         """Release the engine (Edge: drop the shard lock). Idempotent."""

@@ -31,12 +31,10 @@ from evidence_runtime.index.base import (
     Match,
     ScrollPage,
     Search,
-    Vector,
     as_floats,
     bm25_model,
     cached_bm25,
     check_match,
-    sorted_hits,
 )
 
 __all__ = [
@@ -206,18 +204,6 @@ class EdgeIndex(EvidenceIndex):
             )
         with self._engine("searching"):
             return _hits(shard.query(request))
-
-    def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
-        shard = self._live()
-        request = qe.QueryRequest(
-            limit=limit,
-            query=qe.Query.Nearest(as_floats(vector)),
-            filter=edge_filter(match),
-            with_payload=True,
-        )
-        with self._engine("searching"):
-            points = shard.query(request)
-        return sorted_hits(_hits(points))
 
     def copy_to(self, dest: Path | str) -> None:
         """Copy the shard's files to ``dest`` (a new directory) while this process holds the

@@ -24,12 +24,10 @@ from evidence_runtime.index.base import (
     Match,
     ScrollPage,
     Search,
-    Vector,
     as_floats,
     bm25_model,
     cached_bm25,
     check_match,
-    sorted_hits,
 )
 
 if TYPE_CHECKING:
@@ -168,17 +166,6 @@ class ServerIndex(EvidenceIndex):
                 self.collection, limit=search.limit, with_payload=True, **kwargs
             ).points
         return [Hit(str(p.id), p.score, p.payload or {}) for p in points]
-
-    def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
-        with self._engine("searching"):
-            points = self.client.query_points(
-                self.collection,
-                query=as_floats(vector),
-                query_filter=self._filter(match),
-                limit=limit,
-                with_payload=True,
-            ).points
-        return sorted_hits([Hit(str(p.id), p.score, p.payload or {}) for p in points])
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
