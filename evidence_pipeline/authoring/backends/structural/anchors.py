@@ -10,6 +10,7 @@ from sqlglot.errors import SqlglotError
 from evidence_pipeline.authoring.backends.structural.cues import NORMALIZATION_CUE, RAW_HEADER
 from evidence_pipeline.authoring.backends.structural.draft import (
     FIELD_UNCERTAIN,
+    NO_LABEL,
     UNCERTAIN,
     Draft,
     K,
@@ -283,13 +284,12 @@ def ref_item_draft(piece: Piece, refs: Refs) -> Draft:
         label = strip_joiners(before)
     description = strip_joiners(after)
     draft = new_draft(K.reference, piece, "", {}, refs)
-    if not label:
-        label = unemph(piece.heading) if piece.heading else url
-        draft.flag(FIELD_UNCERTAIN, "The link has no label of its own.", "reference.label")
-    if not description:
-        description = strip_joiners(before) or label
-        draft.flag(FIELD_UNCERTAIN, "The note does not describe the link; the description "
-                   "repeats its label.", "reference.description")
+    label = draft.or_uncertain(label, unemph(piece.heading) if piece.heading else url, NO_LABEL,
+                               "reference.label")
+    description = draft.or_uncertain(
+        description, strip_joiners(before) or label,
+        "The note does not describe the link; the description repeats its label.",
+        "reference.description")
     draft.title = label
     draft.block = {"url": url, "label": label, "description": description}
     return draft

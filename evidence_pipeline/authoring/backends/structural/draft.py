@@ -30,6 +30,7 @@ UNCERTAIN = "structural_classification_uncertain"
 AMBIGUOUS = "ambiguous_source_statement"
 FIELD_UNCERTAIN = "structural_field_uncertain"
 LEFT_OUT = "structural_block_left_out"
+NO_LABEL = "The link has no label of its own."
 
 
 @dataclass
@@ -53,6 +54,13 @@ class Draft:
             item["field"] = field_name
         if item not in self.review:
             self.review.append(item)
+
+    def or_uncertain(self, value: str, fallback: str, message: str, field_name: str) -> str:
+        """``value`` when the note gives one, else ``fallback``, flagged as uncertain."""
+        if value:
+            return value
+        self.flag(FIELD_UNCERTAIN, message, field_name)
+        return fallback
 
     @property
     def key(self) -> str:

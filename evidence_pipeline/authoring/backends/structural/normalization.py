@@ -51,10 +51,8 @@ def normalization_draft(piece: Piece, refs: Refs, *, rows: list[list[str]] | Non
         subject = (draft.columns[:1] or [first_words(piece_text(piece))])[0]
         draft.flag(FIELD_UNCERTAIN, "The note has no heading naming what is normalized.",
                    "normalization.subject")
-    if not rule:
-        rule = subject
-        draft.flag(FIELD_UNCERTAIN, "The note gives examples but does not state the rule.",
-                   "normalization.rule")
+    rule = draft.or_uncertain(rule, subject, "The note gives examples but does not state the "
+                              "rule.", "normalization.rule")
     draft.title = title_of(piece, subject)
     draft.block = {"subject": subject, "rule": rule, "examples": examples}
     return draft

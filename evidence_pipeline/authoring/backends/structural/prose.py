@@ -16,6 +16,7 @@ from evidence_pipeline.authoring.backends.structural.cues import (
 )
 from evidence_pipeline.authoring.backends.structural.draft import (
     FIELD_UNCERTAIN,
+    NO_LABEL,
     UNCERTAIN,
     Draft,
     K,
@@ -277,13 +278,9 @@ def _reference(piece: Piece, refs: Refs) -> Draft | None:
     description = " ".join(
         ln.strip() for b in piece.prose for ln in b.lines if ln is not line and ln.strip())
     draft = new_draft(K.reference, piece, "", {}, refs)
-    if not label:
-        label = url
-        draft.flag(FIELD_UNCERTAIN, "The link has no label of its own.", "reference.label")
-    if not description:
-        description = label
-        draft.flag(FIELD_UNCERTAIN, "The note does not describe the link.",
-                   "reference.description")
+    label = draft.or_uncertain(label, url, NO_LABEL, "reference.label")
+    description = draft.or_uncertain(description, label, "The note does not describe the link.",
+                                     "reference.description")
     draft.title = title_of(piece, label)
     draft.block = {"url": url, "label": label, "description": description}
     return draft
