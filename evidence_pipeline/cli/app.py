@@ -7,8 +7,9 @@ The groups and the authoring, publishing and search commands; the formula import
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -41,6 +42,8 @@ from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
 if TYPE_CHECKING:
     from evidence_pipeline.publishing.evaluate import EvaluationReport
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -431,26 +434,28 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
         sys.exit(EXIT_PROBLEMS)
 
 
+def _per_element(flag: str, dest: str, help_text: str) -> Callable[[F], F]:
+    """One repeatable option per element of ``applies_to`` (table, column, concept); ``{0}`` in
+    the flag, destination and help stands for the element, ``{1}`` for it capitalized."""
+    def decorate(func: F) -> F:
+        for element in ("concept", "column", "table"):  # applied bottom up: shown table first
+            func = click.option(flag.format(element), dest.format(element), multiple=True,
+                                help=help_text.format(element, element.capitalize()))(func)
+        return func
+    return decorate
+
+
 @evidence.command()
 @workspace_root
 @click.argument("question")
 @click.option("--purpose", required=True,
               type=click.Choice([p.value for p in EvidencePurpose]))
-@click.option("--table", "tables", multiple=True,
-              help="Table known to the stage: added to the query text, filters nothing.")
-@click.option("--column", "columns", multiple=True,
-              help="Column known to the stage: added to the query text, filters nothing.")
-@click.option("--concept", "concepts", multiple=True,
-              help="Concept known to the stage: added to the query text, filters nothing.")
+@_per_element("--{0}", "{0}s", "{1} known to the stage: added to the query text, filters nothing.")
 @click.option("--kind", "kinds", multiple=True,
               type=click.Choice([k.value for k in EvidenceKind]),
               help="Binding constraint: only units of these kinds.")
-@click.option("--require-table", "required_tables", multiple=True,
-              help="Binding constraint: only units whose applies_to names one of these tables.")
-@click.option("--require-column", "required_columns", multiple=True,
-              help="Binding constraint: only units whose applies_to names one of these columns.")
-@click.option("--require-concept", "required_concepts", multiple=True,
-              help="Binding constraint: only units whose applies_to names one of these concepts.")
+@_per_element("--require-{0}", "required_{0}s",
+              "Binding constraint: only units whose applies_to names one of these {0}s.")
 @click.option("--limit", type=click.IntRange(1, 50), default=10, show_default=True)
 @json_option
 @user_errors
