@@ -20,6 +20,17 @@ from evidence_pipeline.demo import git
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 
+# A query no unit can answer: the expected unit is a reference, which never has the purpose
+# sql_generation, so the mandatory purpose filter keeps it out of every result list.
+FAILING_EVALUATION = """\
+queries:
+  - id: qx
+    text: zorblat quintessa vrenk
+    profile: lexical
+    purpose: sql_generation
+    expected: [evidence:icd10-oms]
+"""
+
 # Variables that would point a workspace's state, registry or index elsewhere, or run the CLI
 # through Dagster: the suite's workspaces keep everything in their own .tht.
 STATE_ENV = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL",

@@ -32,37 +32,14 @@ from evidence_pipeline.orchestration.resources import (
 from evidence_pipeline.validation.validator import validate_evidence_dir
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.yamlio import load_rt
-from tests.helpers import ROOT, VectorStore, cli, commit, copy_workspace
+from tests.helpers import DATA, FAILING_EVALUATION, ROOT, VectorStore, cli, commit, copy_workspace
 
 # The demo's sources kept in the small workspace (with their units and manifest entries).
 KEPT_SOURCES = ("source/10-domini-clinici/", "source/60-formule/", "source/70-riferimenti/")
 
 # Each query finds its first expected unit in the top 5, so the gate passes; the second
 # expected unit of each is missed for a different reason.
-EVALUATION = """\
-queries:
-  - id: q01
-    text: Quanti pazienti minorenni sono stati ricoverati l'anno scorso?
-    profile: semantic
-    purpose: sql_generation
-    expected: [evidence:fascia-pediatrica, evidence:unita-inesistente]
-  - id: q02
-    text: Quali codici ICD-10 usa la diagnosi principale?
-    profile: lexical
-    purpose: sql_generation
-    expected: [evidence:riammissione-30-giorni, evidence:icd10-oms]
-  - id: q03
-    text: Come si calcola la fascia pediatrica di un paziente?
-    profile: mixed
-    purpose: sql_generation
-    context: {constraints: {kinds: [formula]}}
-    expected: [evidence:classificazione-pediatrica-adulta, evidence:fascia-pediatrica]
-  - id: q04
-    text: Quanto tempo aspetta in media un paziente al pronto soccorso?
-    profile: semantic
-    purpose: sql_generation
-    expected: [evidence:minuti-attesa-ps, evidence:accessi-day-hospital]
-"""
+EVALUATION = (DATA / "evaluation-misses.yaml").read_text(encoding="utf-8")
 
 
 def small_workspace(dest: Path) -> Path:
@@ -216,19 +193,9 @@ def test_evaluate_explains_every_expected_unit_outside_the_top_10(small: Small) 
     ]
 
 
-FAILING = """\
-queries:
-  - id: qx
-    text: zorblat quintessa vrenk
-    profile: lexical
-    purpose: sql_generation
-    expected: [evidence:icd10-oms]
-"""
-
-
 def test_a_failed_gate_says_why_in_the_json_and_in_the_gate_check(
         clone: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (clone / "evidence" / "evaluation.yaml").write_text(FAILING, encoding="utf-8")
+    (clone / "evidence" / "evaluation.yaml").write_text(FAILING_EVALUATION, encoding="utf-8")
     commit(clone, "An evaluation query its unit cannot answer")
     assert cli("workspace", "activate", str(clone)).exit_code == 0
     why = [{"query": "qx", "evidence_id": "evidence:icd10-oms", "reason": "purpose_filtered",

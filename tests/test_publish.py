@@ -53,6 +53,8 @@ from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearc
 from evidence_runtime.units import parse_unit
 from evidence_runtime.workspace import Workspace, load_workspace
 from tests.helpers import (
+    DATA,
+    FAILING_EVALUATION,
     FOREIGN_KINDS,
     Delegating,
     KeepOpen,
@@ -79,36 +81,7 @@ QUESTION = "Quanti pazienti minorenni sono stati ricoverati l'anno scorso?"
 
 # Three demo queries (one per profile) that pass the gate: publishing a revision with this
 # evaluation.yaml keeps the gate real but short.
-SMALL_EVALUATION = """\
-queries:
-  - id: q01
-    text: Quanti pazienti minorenni sono stati ricoverati l'anno scorso?
-    profile: semantic
-    purpose: sql_generation
-    expected: [evidence:fascia-pediatrica, evidence:quanti-ricoveri-pediatrici]
-  - id: q02
-    text: "Cosa significa discharge_status = 'T'?"
-    profile: lexical
-    purpose: disambiguation
-    context: {columns: [clinical.episode.discharge_status]}
-    expected: [evidence:esito-dimissione, evidence:trasferimenti-interni]
-  - id: q05
-    text: In quale tabella trovo il DRG di un ricovero e il suo peso relativo?
-    profile: mixed
-    purpose: schema_linking
-    expected: [evidence:drg-episodio, evidence:ricovero-episodio-tabella]
-"""
-
-# A query no unit can answer: the expected unit is a reference, which never has the purpose
-# sql_generation, so the mandatory purpose filter keeps it out of every result list.
-FAILING_EVALUATION = """\
-queries:
-  - id: qx
-    text: zorblat quintessa vrenk
-    profile: lexical
-    purpose: sql_generation
-    expected: [evidence:icd10-oms]
-"""
+SMALL_EVALUATION = (DATA / "evaluation-small.yaml").read_text(encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- helpers

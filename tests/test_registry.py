@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -385,29 +385,38 @@ def test_rollback_finds_the_last_published_generation_of_a_revision(reg: Registr
 # ------------------------------------------------------------------ concurrency
 
 
-def test_threads_sharing_one_registry(reg: RegistryWriter) -> None:
-    reg.activate_revision(WS, REV_A)
-    numbers: list[int] = []
+def in_threads(count: int, work: Callable[[], None]) -> list[BaseException]:
+    """Run ``work`` in ``count`` threads at once; what they raised."""
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def guarded() -> None:
         try:
-            for _ in range(20):
-                gen = reg.new_generation(WS, REV_A, {})
-                numbers.append(gen.number)
-                reg.activate_generation(WS, gen.number)
-                revision, active = reg.active_state(WS)
-                assert revision == REV_A and active is not None
-                assert active.status is GenerationStatus.active
+            work()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
+    threads = [threading.Thread(target=guarded) for _ in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    return errors
+
+
+def test_threads_sharing_one_registry(reg: RegistryWriter) -> None:
+    reg.activate_revision(WS, REV_A)
+    numbers: list[int] = []
+
+    def work() -> None:
+        for _ in range(20):
+            gen = reg.new_generation(WS, REV_A, {})
+            numbers.append(gen.number)
+            reg.activate_generation(WS, gen.number)
+            revision, active = reg.active_state(WS)
+            assert revision == REV_A and active is not None
+            assert active.status is GenerationStatus.active
+
+    assert in_threads(4, work) == []
     assert sorted(numbers) == list(range(1, 81))
     assert list(statuses(reg).values()).count("active") == 1
 
@@ -416,24 +425,15 @@ def test_threads_with_their_own_connections(url: str) -> None:
     with RegistryWriter.open(url) as setup:
         setup.activate_revision(WS, REV_A)
     numbers: list[int] = []
-    errors: list[BaseException] = []
 
     def work() -> None:
-        try:
-            with RegistryWriter.open(url) as own:
-                for _ in range(15):
-                    gen = own.new_generation(WS, REV_A, {})
-                    numbers.append(gen.number)
-                    own.activate_generation(WS, gen.number)
-        except BaseException as exc:
-            errors.append(exc)
+        with RegistryWriter.open(url) as own:
+            for _ in range(15):
+                gen = own.new_generation(WS, REV_A, {})
+                numbers.append(gen.number)
+                own.activate_generation(WS, gen.number)
 
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert in_threads(3, work) == []
     assert sorted(numbers) == list(range(1, 46))
     with RegistryWriter.open(url) as check:
         assert list(statuses(check).values()).count("active") == 1
