@@ -104,7 +104,7 @@ class Candidate:
     suffixable: bool = False  # proposals take base-2, base-3, … when the name is taken
 
 
-def clip(text: str) -> str:
+def _clip(text: str) -> str:
     """A verbatim prefix of at most MAX_EXCERPT_CHARS characters, cut at a space if possible."""
     text = text.strip()
     if len(text) <= MAX_EXCERPT_CHARS:
@@ -125,6 +125,8 @@ def _tables(columns: Sequence[str]) -> list[str]:
 def formula_data(*, eid: str, title: str, concept: str, columns: Sequence[str], sql: str,
                   language: str, source: Source, excerpts: Sequence[str],
                   review_items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The data of a formula unit; each of ``excerpts`` is cut to a verbatim prefix the unit
+    can hold, and only those found again in the source are kept."""
     return {
         "schema_version": SCHEMA_VERSION,
         "id": eid,
@@ -137,7 +139,7 @@ def formula_data(*, eid: str, title: str, concept: str, columns: Sequence[str], 
         # only quotes the validator finds again in the normalized source (a quote that spans
         # list markup can normalize differently); none left is reported by the schema check
         "provenance": {"source_file": source.path, "source_sha256": source.sha256,
-                       "supporting_excerpts": [e for e in excerpts if e.strip() and
+                       "supporting_excerpts": [e for e in map(_clip, excerpts) if e and
                                                excerpt_in_source(e, source.normalized)][:5]},
         "formula": {"concept": concept, "columns": list(columns), "sql": sql},
         "review_items": review_items,

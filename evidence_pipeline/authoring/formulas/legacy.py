@@ -15,7 +15,6 @@ from evidence_pipeline.authoring.formulas.importer import (
     Candidate,
     FormulaImportError,
     ImportResult,
-    clip,
     formula_data,
     run_import,
     take_in,
@@ -171,10 +170,7 @@ def _legacy_candidate(file: Path, *, language: str) -> Candidate:
     entry = parse_legacy(source.text, shown=shown)
 
     def build(src: Source, eid: str) -> tuple[dict[str, Any], str]:
-        excerpts = [clip(p) for p in entry.paragraphs[:2]]
-        if entry.columns_line:
-            excerpts.append(clip(entry.columns_line))
-        excerpts.append(clip(entry.sql))
+        excerpts = [*entry.paragraphs[:2], entry.columns_line or "", entry.sql]
         review: list[dict[str, Any]] = []
         bad = check_formula_sql(entry.sql)
         if bad is not None:

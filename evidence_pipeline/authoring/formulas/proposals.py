@@ -19,7 +19,6 @@ from evidence_pipeline.authoring.formulas.importer import (
     Candidate,
     FormulaImportError,
     ImportResult,
-    clip,
     formula_data,
     run_import,
 )
@@ -224,8 +223,7 @@ def _proposal_candidate(proposal: FormulaProposal, *, artifact: Path, index: int
                        f"question {question!r}; a curator checks concept, columns and SQL "
                        "against the warehouse and removes this item to approve it",
         }]
-        excerpts = [clip(proposal.question), clip(proposal.rationale), columns_line,
-                    clip(proposal.sql)]
+        excerpts = [proposal.question, proposal.rationale, columns_line, proposal.sql]
         data = formula_data(eid=eid, title=title, concept=proposal.concept,
                              columns=proposal.columns, sql=proposal.sql, language=language,
                              source=src, excerpts=excerpts, review_items=review)
