@@ -12,10 +12,11 @@ import difflib
 import json
 import operator
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, reduce
 from importlib import resources
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -33,6 +34,8 @@ from evidence_runtime.units import (
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_MESSAGE_CHARS = 2000
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,8 +419,14 @@ def _compact(value: Any) -> str:
 
 BACKEND_NAMES = ("pi", "openai", "structural")
 
-def settings_error(exc: ValidationError, backend: str) -> ConfigError:
-    """A :class:`ConfigError` naming the first bad setting of a backend."""
-    err = exc.errors(include_url=False)[0]
-    key = ".".join(str(p) for p in err["loc"])
-    return ConfigError(f"bad {backend} setting {key!r}: {err['msg']}", field=f"model.{key}")
+def read_settings(model: type[SettingsT], settings: Mapping[str, Any], backend: str
+                  ) -> SettingsT:
+    """A backend's ``model:`` settings as ``model``; a :class:`ConfigError` naming the first
+    bad setting."""
+    try:
+        return model.model_validate(dict(settings))
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"bad {backend} setting {key!r}: {err['msg']}",
+                          field=f"model.{key}") from None

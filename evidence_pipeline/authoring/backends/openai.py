@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from evidence_pipeline.authoring.backends.base import (
     DEFAULT_TIMEOUT_S,
@@ -23,12 +23,11 @@ from evidence_pipeline.authoring.backends.base import (
     ModelRequest,
     bounded,
     build_prompt,
-    parse_reply,
+    read_settings,
     reply_json_schema,
-    settings_error,
     system_prompt,
 )
-from evidence_pipeline.authoring.backends.reply_text import check_reply_text, decode_reply
+from evidence_pipeline.authoring.backends.reply_text import decode_reply, read_reply
 from evidence_runtime.errors import ConfigError
 
 DEFAULT_API_KEY_ENV = "THT_LLM_API_KEY"
@@ -67,10 +66,7 @@ class OpenAIBackend:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> OpenAIBackend:
-        try:
-            s = OpenAISettings.model_validate(dict(settings))
-        except ValidationError as exc:
-            raise settings_error(exc, "openai") from None
+        s = read_settings(OpenAISettings, settings, "openai")
         base_url = s.base_url or os.environ.get("THT_LLM_BASE_URL")
         model = s.model or os.environ.get("THT_LLM_MODEL")
         if not base_url:
@@ -124,7 +120,7 @@ class OpenAIBackend:
             raise ModelBackendError(f"{self.url} answered HTTP {status}: {bounded(text, 500)}",
                                     code="model_http_error", path=path)
         text = decode_reply(data, path=path, what=f"the answer of {self.url}")
-        return check_reply_text(parse_reply(_completion_content(text, path), request), request)
+        return read_reply(_completion_content(text, path), request)
 
     async def _post(self, request: ModelRequest) -> tuple[int, bytes]:
         """One request; the status and the body. ``timeout_s`` bounds the whole exchange

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from evidence_pipeline.authoring.backends.base import (
     DEFAULT_TIMEOUT_S,
@@ -29,11 +29,10 @@ from evidence_pipeline.authoring.backends.base import (
     ModelRequest,
     bounded,
     build_prompt,
-    parse_reply,
-    settings_error,
+    read_settings,
     system_prompt,
 )
-from evidence_pipeline.authoring.backends.reply_text import check_reply_text, decode_reply
+from evidence_pipeline.authoring.backends.reply_text import decode_reply, read_reply
 
 MAX_REPLY_BYTES = 8_000_000
 
@@ -94,10 +93,7 @@ class PiBackend:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> PiBackend:
-        try:
-            return cls(PiSettings.model_validate(dict(settings)))
-        except ValidationError as exc:
-            raise settings_error(exc, "pi") from None
+        return cls(read_settings(PiSettings, settings, "pi"))
 
     def command_line(self) -> list[str]:
         """The argv of one call (the executable as configured, not yet resolved)."""
@@ -117,7 +113,7 @@ class PiBackend:
 
     def restructure(self, request: ModelRequest) -> ModelReply:
         raw = self.run(build_prompt(request), source_file=request.source_file)
-        return check_reply_text(parse_reply(raw, request), request)
+        return read_reply(raw, request)
 
     def run(self, prompt: str, *, source_file: str) -> str:
         """Run Pi once with ``prompt`` on stdin; its stdout, or :class:`ModelBackendError`."""

@@ -11,7 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from evidence_pipeline.authoring.backends.base import ModelBackendError, ModelReply, ModelRequest
+from evidence_pipeline.authoring.backends.base import (
+    ModelBackendError,
+    ModelReply,
+    ModelRequest,
+    parse_reply,
+)
 from evidence_pipeline.validation.credentials import walk_strings
 
 REPLACEMENT = "\ufffd"
@@ -29,6 +34,12 @@ def decode_reply(data: bytes, *, path: str, what: str) -> str:
             f"{what} is not valid UTF-8 (byte(s) {bad} at offset {exc.start}); refused rather "
             "than written with replacement characters", code="model_invalid_output",
             path=path) from None
+
+
+def read_reply(text: str, request: ModelRequest) -> ModelReply:
+    """A model's answer text as a checked reply: :func:`parse_reply`, then
+    :func:`check_reply_text`."""
+    return check_reply_text(parse_reply(text, request), request)
 
 
 def check_reply_text(reply: ModelReply, request: ModelRequest) -> ModelReply:
