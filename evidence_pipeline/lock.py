@@ -24,12 +24,6 @@ _held: dict[str, tuple[int, int]] = {}  # reentrant locks held by this process: 
 _held_guard = threading.Lock()
 
 
-class WorkspaceBusyError(EvidenceError):
-    """Another command holds the lock; refused at once, nothing was changed."""
-
-    code = ErrorCode.workspace_busy
-
-
 @contextmanager
 def exclusive_lock(path: Path, *, holder: str, busy: Callable[[str], Exception],
                    reentrant: bool = False) -> Iterator[None]:
@@ -87,10 +81,12 @@ def workspace_lock(state_dir: Path, *, what: str) -> Iterator[None]:
     """Hold the workspace's authoring lock or refuse at once with a clear message."""
     ensure_state_dir(state_dir)  # state_dir_unwritable naming it when it cannot be written
 
-    def busy(holder: str) -> WorkspaceBusyError:
-        return WorkspaceBusyError(
+    def busy(holder: str) -> EvidenceError:
+        # workspace_busy: refused at once, nothing was changed
+        return EvidenceError(
             f"another authoring command is running on this workspace ({holder}); "
-            f"{what} refused, try again when it has finished", path=str(state_dir.parent))
+            f"{what} refused, try again when it has finished", code=ErrorCode.workspace_busy,
+            path=str(state_dir.parent))
 
     with exclusive_lock(state_dir / AUTHORING_LOCK, holder=what, busy=busy):
         yield

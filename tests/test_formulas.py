@@ -29,11 +29,12 @@ from evidence_pipeline.cli import main
 from evidence_pipeline.cli.common import stdout
 from evidence_pipeline.demo import git
 from evidence_pipeline.gitrepo import GitError
-from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
+from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_pipeline.validation.problems import Severity, Status
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
+from evidence_runtime.errors import EvidenceError
 from tests.helpers import commit, new_workspace
 
 ETA = """# Età al ricovero
@@ -371,8 +372,9 @@ def test_dirty_tree_is_refused(tmp_path: Path) -> None:
 def test_busy_workspace_is_refused(tmp_path: Path) -> None:
     ws = make_ws(tmp_path)
     with workspace_lock(ws / ".tht", what="prepare"), \
-            pytest.raises(WorkspaceBusyError, match="import-formulas refused"):
+            pytest.raises(EvidenceError, match="import-formulas refused") as busy:
         import_formulas(ws, make_store(tmp_path, {"eta.sql.md": ETA}))
+    assert busy.value.code == "workspace_busy"
 
 
 def test_missing_legacy_store(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from evidence_pipeline.authoring.prepare import PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
-from evidence_pipeline.lock import WorkspaceBusyError, workspace_lock
+from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
@@ -460,10 +460,12 @@ def test_lock_refuses_a_second_authoring_command(prepared) -> None:
     ready.wait(5)
     try:
         # flock is per open file description: a second open in the same process conflicts too
-        with pytest.raises(WorkspaceBusyError, match="another authoring command"):
+        with pytest.raises(EvidenceError, match="another authoring command") as busy:
             run_prepare(ws, ScriptedBackend({}))
-        with pytest.raises(WorkspaceBusyError):
+        assert busy.value.code == "workspace_busy"
+        with pytest.raises(EvidenceError) as busy:
             resolve(ws, "evidence:ricovero", retire=True)
+        assert busy.value.code == "workspace_busy"
     finally:
         release.set()
         t.join()
