@@ -359,7 +359,9 @@ def test_openai_hang_times_out_without_retry(server: FakeOpenAIServer) -> None:
     elapsed = time.monotonic() - started
     assert err.value.code == "model_timeout"
     assert err.value.path == "source/paziente.md"
-    assert 0.4 < elapsed < 3
+    # it gives up at the timeout, far before the 10 s reply (a loaded machine can add seconds of
+    # client start-up); one request proves there was no retry
+    assert 0.4 < elapsed < 8
     assert len(server.received) == 1
 
 
