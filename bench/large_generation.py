@@ -93,6 +93,19 @@ def timed_queries(index: Any, qvecs: np.ndarray, texts: list[str], n: int) -> li
     return out
 
 
+def branch_p50(index: Any, qvecs: np.ndarray, texts: list[str], n: int) -> dict[str, float]:
+    """p50 ms of each branch alone: the dense search, and the BM25 search."""
+    dense, bm25 = [], []
+    for i in range(n):
+        t = time.perf_counter()
+        index.query(dense=qvecs[i % len(qvecs)], text=None, match=MATCH, limit=50, mode="dense")
+        dense.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        index.query(dense=None, text=texts[i % len(texts)], match=MATCH, limit=50, mode="bm25")
+        bm25.append((time.perf_counter() - t) * 1000)
+    return {"dense_p50_ms": round(pct(dense, 50), 3), "bm25_p50_ms": round(pct(bm25, 50), 3)}
+
+
 def answers(index: Any, qvecs: np.ndarray, texts: list[str]) -> dict[str, list[list[str]]]:
     """The dense prefetch's top 50 and the fused top 10 of every query."""
     dense = [[h.id for h in index.dense_search(q, match=MATCH, limit=50)] for q in qvecs]
@@ -134,6 +147,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         timed_queries(index, qvecs, questions, 5)  # warm the caches
         before = timed_queries(index, qvecs, questions, args.queries)
         res["query_before"] = summary(before)
+        res["branches_before"] = branch_p50(index, qvecs, questions, args.queries // 2)
         exact = answers(index, qvecs, questions)
         log(f"[large] {n}: p50 as written {res['query_before']['p50_ms']} ms")
 
@@ -147,6 +161,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         timed_queries(index, qvecs, questions, 5)
         after = timed_queries(index, qvecs, questions, args.queries)
         res["query_after"] = summary(after)
+        res["branches_after"] = branch_p50(index, qvecs, questions, args.queries // 2)
         approx = answers(index, qvecs, questions)
         res["dense_recall_at_50"] = overlap(approx["dense50"], exact["dense50"])
         res["fused_top10_overlap"] = overlap(approx["fused10"], exact["fused10"])
