@@ -70,10 +70,10 @@ PAYLOAD_INDEXES: Mapping[str, Literal["keyword", "integer"]] = {
 }
 
 
-# A generation of at least this many points gets its HNSW graph built when it is published:
-# from here on a query saves more than the build costs within a few thousand queries, and below
-# it the engine's own threshold (segments under ~10 MB of vectors are never indexed) leaves
-# nothing to build (bench/README.md, "Large generations").
+# A generation of at least this many points gets its HNSW graph built when it is published: from
+# here on an unindexed query takes 10-50 ms and ~3 ms after the build, which repays itself within
+# a few thousand queries; at 10k the build (~25 s) saves ~1 ms, and under ~6,500 points the engine
+# indexes nothing anyway (bench/README.md, "Large generations").
 SEARCH_INDEX_MIN_POINTS = 20_000
 
 
