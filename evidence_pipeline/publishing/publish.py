@@ -492,6 +492,9 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
         _upload(index, points, bm25)
         timings["upload_s"] = time.perf_counter() - t
         say(f"uploaded {len(points)} point(s)")
+        built = index.build_search_index(points=len(points))  # HNSW, for a large generation
+        if built is not None:
+            timings["index_build_s"] = built
         _step("after_upload")
 
         t = time.perf_counter()
