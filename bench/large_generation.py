@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, log, machine, pct, peak_rss_mib, table, write_json
-from latency import WID, eval_questions, synthetic_points
+from latency import WID, edge_shard, eval_questions, synthetic_points
 
 ACTIVE = 2
 
@@ -119,11 +119,7 @@ def overlap(got: list[list[str]], exact: list[list[str]]) -> float:
 
 
 def bench_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from evidence_pipeline.publishing.index_writer import (
-        SEARCH_INDEX_MIN_POINTS,
-        EdgeIndexWriter,
-        IndexPoint,
-    )
+    from evidence_pipeline.publishing.index_writer import SEARCH_INDEX_MIN_POINTS
 
     res: dict[str, Any] = {"fragments": n, "load_1m_at_start": round(os.getloadavg()[0], 2)}
     pts = synthetic_points(n)
@@ -133,14 +129,8 @@ def bench_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     qvecs = vectors(args.vectors, 4 * len(questions), seed=23)
 
     shard_dir = work / f"edge-{n}"
-    index = EdgeIndexWriter.open(shard_dir, language="italian", dense_dim=384, create=True)
+    index, _, res["upsert_s"] = edge_shard(shard_dir, pts, vecs)
     try:
-        index.ensure_schema(dense_dim=384)
-        points = [IndexPoint(pid, vecs[i], text, payload)
-                  for i, (pid, text, payload) in enumerate(pts)]
-        t = time.perf_counter()
-        index.upsert(points)
-        res["upsert_s"] = round(time.perf_counter() - t, 2)
         log(f"[large] {n}: upserted in {res['upsert_s']} s")
 
         res["segments_before"] = index._live().info().segments_count

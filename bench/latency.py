@@ -187,10 +187,26 @@ def summary(ms: Sequence[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(ms), 3), "n": len(ms)}
 
 
+def edge_shard(shard_dir: Path, pts: Sequence[tuple[str, str, dict[str, Any]]],
+               vecs: Any) -> tuple[Any, list[Any], float]:
+    """A fresh Edge shard holding ``pts`` with dense vectors ``vecs``, written as ``preprocess``
+    writes one (schema, then one upsert); returns the writer, its points and the upsert's
+    seconds."""
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    index = EdgeIndexWriter.open(shard_dir, language="italian", dense_dim=384, create=True)
+    index.ensure_schema(dense_dim=384)
+    points = [IndexPoint(pid, vecs[i], text, payload)
+              for i, (pid, text, payload) in enumerate(pts)]
+    started = time.perf_counter()
+    index.upsert(points)
+    return index, points, round(time.perf_counter() - started, 2)
+
+
 def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
     import qdrant_edge as qe
 
-    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
     from evidence_pipeline.publishing.registry_writer import RegistryWriter
     from evidence_runtime.embeddings import make_embedder
     from evidence_runtime.index import BM25_VECTOR
@@ -209,14 +225,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, cache: Path) -> dic
     res["mean_fragment_chars"] = round(statistics.fmean(len(x) for x in texts), 1)
 
     shard_dir = work / f"edge-{n}"
-    shutil.rmtree(shard_dir, ignore_errors=True)
-    index = EdgeIndexWriter.open(shard_dir, language="italian", dense_dim=384, create=True)
-    index.ensure_schema(dense_dim=384)
-    points = [IndexPoint(pid, vecs[i], text, payload)
-              for i, (pid, text, payload) in enumerate(pts)]
-    t = time.perf_counter()
-    index.upsert(points)
-    res["edge_upsert_s"] = round(time.perf_counter() - t, 2)
+    index, points, res["edge_upsert_s"] = edge_shard(shard_dir, pts, vecs)
     if args.optimize:
         t = time.perf_counter()
         index.optimize()
