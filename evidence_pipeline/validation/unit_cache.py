@@ -15,6 +15,10 @@ body, the front matter as plain data and (once a check ran) the credential findi
   that look beyond the file (sources, the manifest, the whole corpus) are never cached.
 - The round-trip front matter (``doc.front``, which authoring edits) is parsed from the cached
   text only when asked for.
+- ``prepare`` fills the cache with the files it has just written
+  (:meth:`UnitCache.remember_written`), from the documents they were dumped from, so the next run
+  does not parse them either; the entry is keyed by the blob id of the bytes written, so a file
+  edited since is read again.
 - Writing is best effort (atomic rename); an unreadable or foreign cache file is ignored.
 """
 
@@ -25,14 +29,22 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
+
+from pydantic import ValidationError
 
 from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.problems import Problem
-from evidence_runtime.curated import CuratedDocument
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.curated import (
+    MAX_CURATED_BYTES,
+    CuratedDocument,
+    decode_text,
+    split_front_matter,
+)
+from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt, to_plain
 
 CACHE_NAME = "units-cache.json"
@@ -163,6 +175,41 @@ class UnitCache:
         if credentials is not None and "credentials" not in entry:
             entry["credentials"] = [p.model_dump(mode="json") for p in credentials]
             self._dirty = True
+
+    def remember_written(self, writes: Mapping[str, bytes], docs: Mapping[str, CuratedDocument],
+                         *, deleted: Iterable[str] = ()) -> int:
+        """After an apply: remember the curated files just written (shown path → bytes) from the
+        documents they were dumped from (shown path → document), without parsing them again.
+
+        A file is remembered only when its bytes split into the document's own body and a
+        front matter, its data is a valid unit and survives the JSON round trip of the cache
+        file; anything else is left to be parsed (and judged) when next read. Older entries
+        of the written and deleted paths are dropped, every other one is kept. Returns how
+        many files were remembered; call :meth:`save` after.
+        """
+        touched = {*writes, *deleted}
+        for key, entry in self._old.items():
+            if entry.get("path") not in touched:
+                self._used.setdefault(key, entry)
+        remembered = 0
+        for shown, raw in writes.items():
+            doc = docs.get(shown)
+            if doc is None or len(raw) > MAX_CURATED_BYTES:
+                continue
+            try:
+                front_text, body = split_front_matter(decode_text(raw, path=shown), path=shown)
+                data = doc.data()
+                doc.unit()
+                same = json.loads(json.dumps(data, ensure_ascii=False)) == data
+            except (UnitFormatError, ValidationError, TypeError, ValueError):
+                continue
+            if body != doc.body or not same:
+                continue
+            self._used[self.key(raw, shown)] = {"path": shown, "front_text": front_text,
+                                                "body": body, "data": data}
+            remembered += 1
+        self._dirty = True
+        return remembered
 
     def save(self) -> None:
         """Write the entries used in this run (and older ones, up to as many again); best
