@@ -9,7 +9,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from evidence_pipeline.publishing.guard import (
     publish_lock,
 )
 from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter
+from evidence_pipeline.publishing.progress import PhaseReporter, phase_reporter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_runtime.embeddings import Embedder
@@ -105,17 +106,19 @@ def compensating(registry: RegistryWriter, index: IndexWriter, wid: str,
 def build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
                     revision: str, loaded: list[LoadedUnit],
                     frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
-                    say: Progress) -> Candidate:
-    """Record a candidate generation, upload its points beside the active ones and verify them."""
+                    say: Progress, progress: Callable[[Any], None] | None = None) -> Candidate:
+    """Record a candidate generation, upload its points beside the active ones and verify them;
+    ``progress`` hears how many points are uploaded (``PhaseProgress`` ``uploading``, on the
+    embedding's callback)."""
     with publish_lock(ws):
         return _build_candidate(ws, registry, index, emb, revision, loaded, frags, vectors,
-                                computed=computed, say=say)
+                                computed=computed, say=say, progress=progress)
 
 
 def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
                      revision: str, loaded: list[LoadedUnit],
                      frags: list[tuple[LoadedUnit, Fragment]], vectors: Any, *, computed: int,
-                     say: Progress) -> Candidate:
+                     say: Progress, progress: Callable[[Any], None] | None = None) -> Candidate:
     wid = ws.config.workspace_id
     try:
         index.ensure_schema(dense_dim=emb.dim)
@@ -140,7 +143,7 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
                              dense=vectors[i], text=fr.text,
                              payload=fragment_payload(ws, revision, gen.number, item, fr))
                   for i, (item, fr) in enumerate(frags) if item.unit is not None]
-        _upload(index, points, bm25)
+        _upload(index, points, bm25, phase_reporter(progress, "uploading", "point(s)"))
         timings["upload_s"] = time.perf_counter() - t
         say(f"uploaded {len(points)} point(s)")
         fault_step("after_upload")
@@ -187,9 +190,17 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
     return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
 
 
-def _upload(index: IndexWriter, points: list[IndexPoint], bm25: Bm25Settings) -> None:
-    """All the points in one call (the embedded engine flushes once per call, ~0.2 s each),
-    BM25 tokenized with the generation's settings.
+# points per upsert call when progress is reported: each call flushes the embedded shard once
+# (~0.2 s), so a corpus of a few thousand points still goes in one call
+UPLOAD_CHUNK = 4096
+UPLOAD_STEPS = 20  # at most this many calls (and updates) for a very large generation
+
+
+def _upload(index: IndexWriter, points: list[IndexPoint], bm25: Bm25Settings,
+            progress: PhaseReporter | None = None) -> None:
+    """The points in as few calls as possible (the embedded engine flushes once per call,
+    ~0.2 s each), BM25 tokenized with the generation's settings; with ``progress``, a large
+    generation goes in up to :data:`UPLOAD_STEPS` calls, each reported when done.
 
     Under fault injection at ``upload_batch`` the first half goes in as a batch of its own and
     the process dies before the second: a partial candidate, as a crash mid-upload leaves it.
@@ -197,7 +208,14 @@ def _upload(index: IndexWriter, points: list[IndexPoint], bm25: Bm25Settings) ->
     if os.environ.get(FAULT_ENV) == "upload_batch" and len(points) > 1:
         index.upsert(points[: len(points) // 2], bm25=bm25)
         fault_step("upload_batch")
-    index.upsert(points, bm25=bm25)
+    if progress is None:
+        index.upsert(points, bm25=bm25)
+        return
+    chunk = max(UPLOAD_CHUNK, -(-len(points) // UPLOAD_STEPS))
+    progress(0, len(points))
+    for start in range(0, len(points), chunk):
+        index.upsert(points[start:start + chunk], bm25=bm25)
+        progress(min(start + chunk, len(points)), len(points))
 
 
 def recover_interrupted(registry: RegistryWriter, index: IndexWriter, wid: str, *,

@@ -5,9 +5,13 @@ registry update, and retention applied to the generations before it."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from evidence_pipeline.publishing.candidate import Candidate, compensating, discard_points
+from evidence_pipeline.publishing.embedding_cache import VectorCache
 from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
     baseline_path,
@@ -21,6 +25,7 @@ from evidence_pipeline.publishing.guard import (
     publish_lock,
 )
 from evidence_pipeline.publishing.index_writer import IndexWriter
+from evidence_pipeline.publishing.progress import phase_reporter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_runtime.embeddings import Embedder
@@ -39,17 +44,20 @@ class GateFailed(PublishError):
 
 
 def evaluate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
-                       candidate: Candidate, loaded: list[LoadedUnit],
-                       evalset: Any) -> EvaluationReport:
+                       candidate: Candidate, loaded: list[LoadedUnit], evalset: Any, *,
+                       progress: Callable[[Any], None] | None = None) -> EvaluationReport:
     """Evaluate the candidate and record the report; a failed gate marks it failed and removes
-    its points (the active generation is left alone)."""
+    its points (the active generation is left alone). ``progress`` hears how many queries are
+    done (``PhaseProgress`` ``evaluating``, on the embedding's callback)."""
     wid = ws.config.workspace_id
     number = candidate.generation
-    with publish_lock(ws), compensating(registry, index, wid, number):
+    with publish_lock(ws), compensating(registry, index, wid, number), \
+            CachedQueries.open(emb, ws) as queries:
         searcher = EvidenceSearcher.for_workspace(ws, index=index, registry=registry,
-                                                  embedder=emb)
+                                                  embedder=queries)
         kinds = {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
-        report = evaluate(searcher, evalset, unit_kinds=kinds, generation=number)
+        report = evaluate(searcher, evalset, unit_kinds=kinds, generation=number,
+                          progress=phase_reporter(progress, "evaluating", "quer(ies)"))
         # an unreadable baseline must not block publication: it only adds information
         with contextlib.suppress(EvidenceError):
             report = with_baseline(report, baseline_path(ws.state_dir))
@@ -60,6 +68,54 @@ def evaluate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWrit
             discard_points(index, wid, number)
     fault_step("after_evaluation")
     return report
+
+
+class CachedQueries:
+    """The gate's embedder: each query's vector comes from the vector cache when the same
+    model embedded the same question before (the gate asks the same questions at every
+    publication), so an unchanged corpus does not even load the model. Vectors of queries are
+    kept apart from those of passages (model id ``<model> query``); a cache that cannot be read
+    or written only costs the embedding."""
+
+    def __init__(self, inner: Embedder, cache: VectorCache | None) -> None:
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.dim = inner.dim
+        self.max_chunk_chars = getattr(inner, "max_chunk_chars", 0)
+        self._cache = cache
+        self._key = f"{inner.model_id} query"
+        self._seen: dict[str, np.ndarray] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, inner: Embedder, ws: Workspace) -> Iterator[CachedQueries]:
+        try:
+            cache: VectorCache | None = VectorCache(ws.state_dir / "vectors.sqlite3")
+        except EvidenceError:
+            cache = None
+        try:
+            yield cls(inner, cache)
+        finally:
+            if cache is not None:
+                cache.close()
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self.inner.embed_passages(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vector = self._seen.get(text)
+        if vector is not None:
+            return vector
+        if self._cache is not None:
+            with contextlib.suppress(EvidenceError):
+                vector = self._cache.get_many(self._key, [text]).get(0)
+        if vector is None:
+            vector = self.inner.embed_query(text)
+            if self._cache is not None:
+                with contextlib.suppress(EvidenceError):
+                    self._cache.put_many(self._key, [text], np.asarray(vector)[None, :])
+        self._seen[text] = vector
+        return vector
 
 
 def gate_failure(report: EvaluationReport) -> GateFailed:

@@ -18,6 +18,7 @@ from evidence_pipeline.publishing.evaluate import revision_evidence_dir
 from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
 from evidence_pipeline.publishing.guard import PublishError, named_problems
 from evidence_pipeline.publishing.index_writer import IndexWriter, open_index_writer
+from evidence_pipeline.publishing.progress import phase_reporter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, ValidationReport, sort_problems
@@ -50,13 +51,17 @@ def activated_revision(ws: Workspace, registry: RegistryWriter) -> str:
     return revision
 
 
-def materialize_corpus(ws: Workspace, revision: str) -> PublishedCorpus:
-    """Write the revision's tree under the state directory and validate its whole corpus."""
+def materialize_corpus(ws: Workspace, revision: str, *,
+                       progress: Callable[[Any], None] | None = None) -> PublishedCorpus:
+    """Write the revision's tree under the state directory and validate its whole corpus;
+    ``progress`` hears how many curated files are validated (``PhaseProgress``
+    ``validating``, on the embedding's callback)."""
     try:
         evidence_dir = revision_evidence_dir(ws, revision)
     except EvidenceError as exc:  # e.g. a full disk; the partial copy was removed
         raise PublishError(exc.message, code=exc.code, path=exc.path) from None
-    report, loaded = validate_corpus(ws, evidence_dir)
+    report, loaded = validate_corpus(
+        ws, evidence_dir, progress=phase_reporter(progress, "validating", "curated file(s)"))
     return PublishedCorpus(revision, evidence_dir, report, loaded)
 
 

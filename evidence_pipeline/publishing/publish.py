@@ -137,7 +137,10 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     """``tht workspace preprocess evidence``: build, verify, evaluate and activate a generation.
 
     Raises :class:`PublishError` when the corpus is not publishable, the gate fails or any step
-    fails; the previous generation then stays active.
+    fails; the previous generation then stays active. ``progress`` hears a line per step;
+    ``embedding`` hears how far each slow phase is: ``EmbeddingProgress`` while fragments are
+    embedded, and its subclass ``PhaseProgress`` while curated files are validated, points
+    uploaded and queries evaluated.
     """
     say = progress or (lambda _msg: None)
     ws = load_workspace(root)
@@ -147,7 +150,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     with publish_lock(ws), open_registry(ws) as registry:
         revision = activated_revision(ws, registry)
         say(f"revision {revision[:12]}: materializing from Git")
-        corpus = materialize_corpus(ws, revision)
+        corpus = materialize_corpus(ws, revision, progress=embedding)
         require_publishable(corpus)
         evalset = read_evaluation(corpus.evidence_dir)
         timings["validate_s"] = time.perf_counter() - t0
@@ -165,7 +168,7 @@ def preprocess(root: Any, *, progress: Progress | None = None,
         index = open_target_index(ws, emb.dim, index_factory)
         try:
             return _publish(ws, registry, index, emb, revision, corpus.loaded, frags, vectors,
-                            evalset, computed, timings, say, t0)
+                            evalset, computed, timings, say, t0, embedding)
         finally:
             index.close()
 
@@ -173,12 +176,14 @@ def preprocess(root: Any, *, progress: Progress | None = None,
 def _publish(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
              revision: str, loaded: list[LoadedUnit], frags: list[tuple[LoadedUnit, Fragment]],
              vectors: Any, evalset: Any, computed: int, timings: dict[str, float],
-             say: Progress, t0: float) -> PublishResult:
+             say: Progress, t0: float,
+             progress: Callable[[EmbeddingProgress], None] | None) -> PublishResult:
     candidate = build_candidate(ws, registry, index, emb, revision, loaded, frags, vectors,
-                                computed=computed, say=say)
+                                computed=computed, say=say, progress=progress)
     timings.update(candidate.timings)
     t = time.perf_counter()
-    report = evaluate_candidate(ws, registry, index, emb, candidate, loaded, evalset)
+    report = evaluate_candidate(ws, registry, index, emb, candidate, loaded, evalset,
+                                progress=progress)
     timings["evaluate_s"] = time.perf_counter() - t
     if not report.gate_passed:
         raise gate_failure(report)
