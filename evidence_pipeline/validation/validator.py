@@ -149,7 +149,9 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     sources = SourceReader(evidence_dir)
     problems: list[Problem] = []
     try:
-        manifest = read_manifest(evidence_dir, shown=f"{shown_prefix}{MANIFEST_NAME}")
+        shown = f"{shown_prefix}{MANIFEST_NAME}"
+        manifest = (cache.manifest(evidence_dir, shown=shown) if cache
+                    else read_manifest(evidence_dir, shown=shown))
     except ManifestError as exc:
         problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
         manifest = None
