@@ -15,9 +15,9 @@ from evidence_runtime.workspace import load_workspace
 MANIFEST = "evidence/manifest.yaml"
 
 
-def _entries(ws: Path) -> dict[str, dict]:  # type: ignore[type-arg]
+def _entries(ws: Path, part: str = "entries") -> dict[str, dict]:  # type: ignore[type-arg]
     path = load_workspace(ws).state_dir / CACHE_NAME
-    return json.loads(path.read_text(encoding="utf-8"))["entries"]
+    return json.loads(path.read_text(encoding="utf-8"))[part]
 
 
 def _report(ws: Path) -> list[str]:
@@ -27,9 +27,9 @@ def _report(ws: Path) -> list[str]:
 def test_the_cache_keeps_the_manifest_and_each_checked_bodys_pieces(demo_ws: Path) -> None:
     cold = _report(demo_ws)
     entries = _entries(demo_ws)
-    manifests = [e for e in entries.values() if e.get("path") == MANIFEST]
-    assert len(manifests) == 1 and "sources" in manifests[0]["manifest"]
-    units = [e for e in entries.values() if "data" in e]
+    manifests = list(_entries(demo_ws, "manifests").values())
+    assert [m["path"] for m in manifests] == [MANIFEST] and "sources" in manifests[0]["manifest"]
+    units = list(entries.values())
     assert units and all("pieces" in e for e in units)
     for e in units:  # what body_pieces gives for the same body and title
         fresh = body_pieces(e["body"], e["data"]["title"])
@@ -53,7 +53,7 @@ def test_a_changed_manifest_is_read_again(demo_ws: Path) -> None:
 def test_an_edited_body_is_cut_from_its_new_text(demo_ws: Path) -> None:
     _report(demo_ws)
     entries = _entries(demo_ws)
-    shown, entry = next((e["path"], e) for e in entries.values() if "data" in e)
+    shown, entry = next((e["path"], e) for e in entries.values())
     file = demo_ws / shown
     file.write_text(file.read_text(encoding="utf-8") + "\n## Nuova sezione\n\nTesto nuovo.\n",
                     encoding="utf-8")

@@ -141,26 +141,31 @@ class UnitCache:
         self.fingerprint = validator_fingerprint()
         self._old: dict[str, dict[str, Any]] = {}
         self._used: dict[str, dict[str, Any]] = {}
+        # the manifest's entries, apart from the curated files' (same key: blob id + path)
+        self._old_manifests: dict[str, dict[str, Any]] = {}
+        self._manifests: dict[str, dict[str, Any]] = {}
         self._dirty = False
         self.hits = 0
         self.misses = 0
         if path is not None:
-            self._old = self._read(path)
+            self._old, self._old_manifests = self._read(path)
 
     @classmethod
     def in_state_dir(cls, state_dir: Path) -> UnitCache:
         return cls(state_dir / CACHE_NAME)
 
-    def _read(self, path: Path) -> dict[str, dict[str, Any]]:
+    def _read(self, path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, UnicodeDecodeError):
-            return {}
+            return {}, {}
         if not isinstance(doc, dict) or cast(dict[str, Any], doc).get("fingerprint") \
                 != self.fingerprint:
-            return {}
-        entries = cast(dict[str, Any], doc).get("entries")
-        return cast(dict[str, dict[str, Any]], entries) if isinstance(entries, dict) else {}
+            return {}, {}
+        entries, manifests = (cast(dict[str, Any], doc).get(k) for k in ("entries", "manifests"))
+        return (cast(dict[str, dict[str, Any]], entries) if isinstance(entries, dict) else {},
+                cast(dict[str, dict[str, Any]], manifests) if isinstance(manifests, dict)
+                else {})
 
     @staticmethod
     def key(raw: bytes, shown: str) -> str:
@@ -169,7 +174,7 @@ class UnitCache:
     def document(self, key: str) -> CachedDocument | None:
         """The cached document for ``key``, or None (a miss)."""
         entry = self._used.get(key) or self._old.get(key)
-        if entry is None or "data" not in entry:
+        if entry is None:
             self.misses += 1
             return None
         self.hits += 1
@@ -225,6 +230,9 @@ class UnitCache:
         for key, entry in self._old.items():
             if entry.get("path") not in touched:
                 self._used.setdefault(key, entry)
+        for key, entry in self._old_manifests.items():
+            if entry.get("path") not in touched:
+                self._manifests.setdefault(key, entry)
         remembered = 0
         for shown, raw in writes.items():
             doc = docs.get(shown)
@@ -257,9 +265,9 @@ class UnitCache:
         if raw is None:
             return read_manifest(evidence_dir, shown=shown)
         key = self.key(raw, shown)
-        entry = self._used.get(key) or self._old.get(key)
+        entry = self._manifests.get(key) or self._old_manifests.get(key)
         if entry is not None and isinstance(entry.get("manifest"), dict):
-            self._used[key] = entry
+            self._manifests[key] = entry
             self.hits += 1
             return Manifest.model_validate(_plain_copy(entry["manifest"]))
         self.misses += 1
@@ -270,7 +278,7 @@ class UnitCache:
             manifest = None
         if manifest is None:
             return read_manifest(evidence_dir, shown=shown)
-        self._used[key] = {"path": shown, "manifest": data}
+        self._manifests[key] = {"path": shown, "manifest": data}
         self._dirty = True
         return manifest
 
@@ -287,8 +295,10 @@ class UnitCache:
         tmp = self.path.with_name(f".{CACHE_NAME}.{os.getpid()}.tmp")
         try:
             ensure_state_dir(self.path.parent)
-            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": keep},
-                                      ensure_ascii=False), encoding="utf-8")
+            manifests = self._manifests or dict(list(self._old_manifests.items())[:4])
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": keep,
+                                       "manifests": manifests}, ensure_ascii=False),
+                           encoding="utf-8")
             os.replace(tmp, self.path)
         except (OSError, EvidenceError):  # state_dir_unwritable
             tmp.unlink(missing_ok=True)
