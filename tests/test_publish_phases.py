@@ -1,6 +1,7 @@
 """Progress of every slow phase of a publication (issue 18): validation, upload and evaluation
 report on the embedding's callback, so the CLI draws a bar for each on a terminal and a Dagster
-run logs a line at each tenth of each; and the gate's query vectors come from the vector cache."""
+run logs a line at each tenth of each (``test_progress.py``); and the gate's query vectors come
+from the vector cache."""
 
 from __future__ import annotations
 
@@ -8,18 +9,10 @@ import io
 import sqlite3
 from pathlib import Path
 
-import dagster as dg
 import pytest
 from rich.console import Console
 
 from evidence_pipeline.cli import common
-from evidence_pipeline.definitions import defs
-from evidence_pipeline.orchestration.resources import (
-    EmbedderResource,
-    IndexResource,
-    ModelBackendResource,
-    WorkspaceResource,
-)
 from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
 from evidence_pipeline.publishing.progress import PhaseProgress, phase_reporter
 from evidence_pipeline.publishing.publish import preprocess
@@ -87,19 +80,3 @@ def test_a_publication_reports_each_phase_and_reuses_the_gates_query_vectors(
     again = preprocess(ws, embedder=NoQueries())
     assert again.evaluation is not None and again.evaluation.gate_passed
     assert again.evaluation.summary == result.evaluation.summary  # type: ignore[union-attr]
-
-
-@pytest.mark.slow
-def test_the_publish_run_logs_every_phase(published_demo: PublishedDemo, tmp_path: Path) -> None:
-    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
-    instance = dg.DagsterInstance.ephemeral()
-    result = defs.resolve_job_def("publish").execute_in_process(
-        instance=instance,
-        resources={"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
-                   "embedder": EmbedderResource(), "model": ModelBackendResource()})
-    assert result.success
-    messages = [e.user_message for e in instance.all_logs(result.run_id)]
-    for phase in PHASES:
-        lines = [m for m in messages if m.startswith(f"{phase}: ")]
-        assert lines and lines[0].startswith(f"{phase}: 0/"), (phase, messages)
-        assert lines[-1].endswith("(100%)") and len(lines) == len(set(lines)) <= 11, lines
