@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = min(lib, key=lambda r: r["seconds"])
     report = {"benchmark": "prepare no-op", "machine": info, "sources": args.sources,
               "first_prepare_s": round(first, 2),
-              # runs[0] is cold (the unit cache in .tht/ is filled by it), the others warm
+              # runs[0] is the first no-op after the prepare, which filled the unit cache in
+              # .tht/ with the files it wrote: it is warm too (cli_noop_cold_s in --json)
               "cli_noop_s": {"best": round(min(cli), 3), "runs": [round(x, 3) for x in cli]},
               "noop_over_first": round(min(cli) / first, 3),
               "cli_peak_rss_mib": cli_rss,

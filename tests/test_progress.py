@@ -84,3 +84,8 @@ def test_the_publish_run_logs_the_embedding_progress(demo_ws: Path,
     assert lines[0] == "embedding: 0/20 new fragment(s) (0%)"
     assert lines[-1] == "embedding: 20/20 new fragment(s) (100%)"
     assert len(lines) == len(set(lines)) >= 3  # a line per tenth reached, each once
+    messages = [e.user_message for e in instance.all_logs(result.run_id)]
+    for phase in ("validating", "uploading", "evaluating"):  # the other slow phases, alike
+        phased = [m for m in messages if m.startswith(f"{phase}: ")]
+        assert phased and phased[0].startswith(f"{phase}: 0/"), (phase, messages)
+        assert phased[-1].endswith("(100%)") and len(phased) == len(set(phased)) <= 11, phased

@@ -77,11 +77,14 @@ def test_edge_builds_from_the_threshold_and_keeps_every_point(tmp_path: Path) ->
                                                        "record_kind": "evidence_fragment"})
                   for i in range(40)]
         index.upsert(points)
+        told: list[str] = []
         index.search_index_min_points = 41
-        assert index.build_search_index(points=40) is None
+        assert index.build_search_index(points=40, announce=told.append) is None
+        assert told == []  # nothing to build, nothing said
         index.search_index_min_points = 40
-        seconds = index.build_search_index(points=40)
+        seconds = index.build_search_index(points=40, announce=told.append)
         assert seconds is not None and seconds >= 0
+        assert len(told) == 1 and "40 point(s)" in told[0]  # said before the (long) build
         match = {"workspace_id": "w", "vector_generation": 1}
         assert index.count(match) == 40
         hits = index.query(dense=points[7].dense, text=points[7].text, match=match, limit=1)

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from evidence_pipeline.authoring.apply import Batch
 from evidence_pipeline.authoring.backends.base import (
     ModelBackend,
     ModelBackendError,
@@ -45,6 +46,7 @@ from evidence_pipeline.authoring.sources import (
 )
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
+from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.workspace import Workspace, load_workspace
 
@@ -251,6 +253,7 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
                       stop_at_model_failure=stop_at_model_failure)
     batch, diff = planner.batch()
     plan.session.apply(batch)
+    remember_written(plan, planner, batch)
     new_manifest = planner.manifest
     return PrepareResult(
         status="applied" if not batch.is_empty() else "unchanged",
@@ -264,6 +267,19 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
         orphans=sorted(new_manifest.orphans),
         retirement_candidates=sorted(new_manifest.retirement_candidates),
     )
+
+
+def remember_written(plan: PreparePlan, planner: BatchPlanner, batch: Batch) -> None:
+    """Put the curated files just written into the unit cache (``.tht/units-cache.json``), from
+    the documents they were dumped from: the next prepare, validate or publish finds them
+    without parsing them (a file edited since has another blob id and is read again)."""
+    if not batch.writes:
+        return
+    docs = {plan.session.shown(rel): doc for rel, doc in planner.outputs.items()
+            if doc is not None}
+    cache = UnitCache.in_state_dir(plan.ws.state_dir)
+    cache.remember_written(batch.writes, docs, deleted=batch.deletes)
+    cache.save()
 
 
 def take_in(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,

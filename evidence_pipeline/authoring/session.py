@@ -19,7 +19,6 @@ from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     Manifest,
     empty_manifest,
-    read_manifest,
     require_compatible,
 )
 from evidence_pipeline.gitrepo import dirty_paths, require_clean
@@ -58,13 +57,14 @@ def evidence_rel(ws: Workspace) -> str:
     return ws.config.evidence.root.strip("/")
 
 
-def load_existing(ws: Workspace) -> tuple[dict[str, ExistingUnit], list[Problem]]:
+def load_existing(ws: Workspace, cache: UnitCache | None = None,
+                  ) -> tuple[dict[str, ExistingUnit], list[Problem]]:
     """Every current curated unit by id; problems for files that cannot be read as units."""
     ev = evidence_rel(ws)
     rels = corpus_files(ws.evidence_dir, ws.config.evidence.patterns)
     loaded, problems = load_units(ws.evidence_dir, rels, shown_prefix=f"{ev}/",
                                   sources=SourceReader(ws.evidence_dir), check=False,
-                                  cache=UnitCache.in_state_dir(ws.state_dir))
+                                  cache=cache or UnitCache.in_state_dir(ws.state_dir))
     out: dict[str, ExistingUnit] = {}
     unreadable: set[str] = set()
     for item in loaded:
@@ -144,10 +144,11 @@ class AuthoringSession:
             self.guarded = tuple(self.shown(rel) for rel in clean)
             require_clean(self.ws.root, self.guarded, what=self.what)
         shown = self.shown(MANIFEST_NAME)
-        self.manifest = read_manifest(self.ws.evidence_dir, shown=shown)
+        cache = UnitCache.in_state_dir(self.ws.state_dir)  # the manifest too: by its blob id
+        self.manifest = cache.manifest(self.ws.evidence_dir, shown=shown)
         if self.manifest is not None and not upgrade:
             require_compatible(self.manifest, shown=shown)
-        self.existing, self.unreadable = load_existing(self.ws)
+        self.existing, self.unreadable = load_existing(self.ws, cache)
 
     def manifest_or_empty(self) -> Manifest:
         """A copy of the manifest to change (an empty one when there is none yet)."""

@@ -32,19 +32,29 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 @contextlib.contextmanager
 def embedding_bar() -> Iterator[Callable[[Any], None]]:
     """A progress bar on stderr for the embedding of new fragments (the slow part of publishing
-    a new corpus); the callback takes ``EmbeddingProgress``. Drawn only on a terminal, and
-    cleared when done: the command's own output stays as it is."""
+    a new corpus); the callback takes ``EmbeddingProgress``, and draws a bar of its own for each
+    other phase a ``PhaseProgress`` names (validation, upload, evaluation). Drawn only on a
+    terminal, and cleared when done: the command's own output stays as it is."""
     if not stderr.is_terminal:
         yield lambda _progress: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    with Progress("embedding new fragments", BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=stderr, transient=True) as bar:
-        task = bar.add_task("embedding", total=None)
+        tasks: dict[str, Any] = {}
 
         def update(progress: Any) -> None:
-            bar.update(task, total=progress.total, completed=progress.done)
+            label = getattr(progress, "label", "embedding new fragments")
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=None)
+            bar.update(tasks[label], total=progress.total, completed=progress.done)
 
         yield update
 

@@ -35,16 +35,17 @@ def forward(item: Any) -> None:
 
 
 def embedding_progress(context: dg.OpExecutionContext) -> Callable[[EmbeddingProgress], None]:
-    """Embedding progress of a step: a log line at each tenth of the way (the run's log as a
-    progress bar), and every update to a listening CLI (which draws its own bar)."""
-    logged = -1
+    """Embedding progress of a step (and that of the step's other slow phases, a
+    ``PhaseProgress`` each): a log line at each tenth of the way (the run's log as a progress
+    bar), and every update to a listening CLI (which draws its own bar)."""
+    logged: dict[str, int] = {}
 
     def report(progress: EmbeddingProgress) -> None:
-        nonlocal logged
         forward(progress)
+        phase = getattr(progress, "phase", "embedding")
         tenth = 10 * progress.done // progress.total if progress.total else 10
-        if tenth > logged:
-            logged = tenth
+        if tenth > logged.get(phase, -1):
+            logged[phase] = tenth
             context.log.info(progress.line())
 
     return report

@@ -131,7 +131,7 @@ def published_corpus(context: dg.AssetExecutionContext,
     with open_registry(ws) as registry:
         revision = activated_revision(ws, registry)
     tell(context, f"revision {revision[:12]}: materializing from Git")
-    corpus = materialize_corpus(ws, revision)
+    corpus = materialize_corpus(ws, revision, progress=embedding_progress(context))
     return dg.Output(corpus, data_version=dg.DataVersion(revision),
                      metadata={"revision": revision,
                                **corpus_metadata(corpus.report, corpus.loaded)})
@@ -226,7 +226,8 @@ def candidate_generation(context: dg.AssetExecutionContext, workspace: Workspace
     with open_registry(ws) as registry, _index(ws, index, emb.dim) as idx:
         candidate = build_candidate(ws, registry, idx, emb, published_corpus.revision,
                                     published_corpus.loaded, frags, vectors, computed=computed,
-                                    say=lambda m: tell(context, m))
+                                    say=lambda m: tell(context, m),
+                                    progress=embedding_progress(context))
     candidate.timings = {**timings, **candidate.timings}
     counts = candidate.counts
     return dg.Output(candidate, data_version=dg.DataVersion(str(candidate.generation)),
@@ -252,7 +253,8 @@ def generation_evaluation(context: dg.AssetExecutionContext, workspace: Workspac
     emb = embedder.make(ws)
     with open_registry(ws) as registry, _index(ws, index, emb.dim) as idx:
         report = evaluate_candidate(ws, registry, idx, emb, candidate_generation,
-                                    published_corpus.loaded, evalset)
+                                    published_corpus.loaded, evalset,
+                                    progress=embedding_progress(context))
     s = report.summary
     context.log.info(f"evaluation of generation {report.generation}: hit@5 {s.hit_at_5}/"
                      f"{s.queries}, hit@10 {s.hit_at_10}/{s.queries}, gate "

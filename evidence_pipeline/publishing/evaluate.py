@@ -21,7 +21,7 @@ import contextlib
 import json
 import math
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -273,15 +273,19 @@ def _query(searcher: EvidenceSearcher, q: EvalQuery, generation: int | None,
 
 
 def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: dict[str, str],
-             generation: int | None = None) -> EvaluationReport:
+             generation: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> EvaluationReport:
     """Evaluate ``generation`` (default: the active one); raises ``evaluation_unavailable_<reason>``
-    when the search is unavailable (a fault is never scored as a miss)."""
+    when the search is unavailable (a fault is never scored as a miss). ``progress`` hears
+    ``(queries done, queries)``."""
     rows: list[QueryResult] = []
     gen_number: int | None = None
     revision: str | None = None
     missed_kinds: set[str] = set()
     empty: list[str] = []
     for q in evalset.queries:
+        if progress is not None:
+            progress(len(rows), len(evalset.queries))
         ranks_by_mode, fused_outcome = _query(searcher, q, generation)
         gen_number, revision = fused_outcome.generation, fused_outcome.revision
         if not fused_outcome.results:
@@ -300,6 +304,8 @@ def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: 
         rows.append(QueryResult(id=q.id, profile=q.profile, purpose=q.purpose,
                                 expected=q.expected, hit_at_5=best is not None and best <= 5,
                                 hit_at_10=h10, ranks=ranks, misses=misses))
+    if progress is not None:
+        progress(len(rows), len(evalset.queries))
     hit10 = sum(r.hit_at_10 for r in rows)
     summary = EvaluationSummary(
         queries=len(rows), hit_at_5=sum(r.hit_at_5 for r in rows), hit_at_10=hit10,

@@ -8,6 +8,7 @@ fit on its own is the review item ``atomic_content_too_large``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,7 +140,33 @@ def body_pieces(body: str, title: str) -> list[Piece]:
     atomic piece, other blocks are cut at their blank lines (never inside nested code).
 
     The leading ``# <title>`` heading that curated files carry is dropped (the header has it).
+    Remembered per process (a publication cuts each body twice: validation checks that its
+    atomic elements fit, then the fragments are built), and across runs through the unit
+    cache (:func:`known_pieces`): the Markdown parse is the cost.
     """
+    return list(_body_pieces(body, title))
+
+
+_KNOWN: dict[tuple[str, str], tuple[Piece, ...]] = {}
+_KNOWN_MAX = 100_000
+
+
+def known_pieces(body: str, title: str, pieces: Sequence[Piece]) -> None:
+    """The pieces of (``body``, ``title``) as an earlier run computed them (the unit cache
+    keeps them with the file's bytes and this module's source): :func:`body_pieces` takes them
+    instead of parsing the body again."""
+    if len(_KNOWN) >= _KNOWN_MAX:
+        _KNOWN.clear()
+    _KNOWN[(body, title)] = tuple(pieces)
+
+
+@functools.lru_cache(maxsize=4096)
+def _body_pieces(body: str, title: str) -> tuple[Piece, ...]:
+    known = _KNOWN.pop((body, title), None)
+    return known if known is not None else _parse_pieces(body, title)
+
+
+def _parse_pieces(body: str, title: str) -> tuple[Piece, ...]:
     found: list[tuple[str, bool, bool, bool]] = []  # (text, atomic, heading, rows)
     for block in markdown.parse_blocks(body):
         if block.kind is BlockKind.heading:
@@ -151,9 +178,9 @@ def body_pieces(body: str, title: str) -> list[Piece]:
                 found.append((text, part.code, False, block.kind is BlockKind.table))
     if found and found[0][0].lstrip("# ").strip() == title.strip():
         found = found[1:]
-    return [Piece(text, f"body[{i}]", atomic=atomic or bool(re.fullmatch(r"\S+", text)),
-                  heading=heading, rows=rows)
-            for i, (text, atomic, heading, rows) in enumerate(found)]
+    return tuple(Piece(text, f"body[{i}]", atomic=atomic or bool(re.fullmatch(r"\S+", text)),
+                       heading=heading, rows=rows)
+                 for i, (text, atomic, heading, rows) in enumerate(found))
 
 
 # line, sentence, word boundaries; the separator is captured so that it is kept as written

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self, runtime_checkable
@@ -113,9 +113,11 @@ class IndexWriter(EvidenceIndex, Protocol):
         """Delete the points matching ``match`` (which must not be empty)."""
         ...
 
-    def build_search_index(self, *, points: int) -> float | None:
+    def build_search_index(self, *, points: int,
+                           announce: Callable[[str], None] | None = None) -> float | None:
         """Build the dense vector index now when a generation of ``points`` points is large
-        enough that it pays (blocking): the seconds it took, or None when nothing was built."""
+        enough that it pays (blocking; ``announce`` is told first, as it can take minutes):
+        the seconds it took, or None when nothing was built."""
         ...
 
 
@@ -305,10 +307,14 @@ class EdgeIndexWriter(EdgeIndex):
 
     search_index_min_points = SEARCH_INDEX_MIN_POINTS
 
-    def build_search_index(self, *, points: int) -> float | None:
+    def build_search_index(self, *, points: int,
+                           announce: Callable[[str], None] | None = None) -> float | None:
         """:meth:`optimize` when ``points`` reaches :attr:`search_index_min_points`."""
         if points < self.search_index_min_points:
             return None
+        if announce is not None:
+            announce(f"building the search index (HNSW) of {points} point(s); "
+                     "a large generation takes minutes")
         started = time.perf_counter()
         self.optimize()
         return time.perf_counter() - started
@@ -404,7 +410,8 @@ class ServerIndexWriter(ServerIndex):
                 self.collection, points_selector=self._m.FilterSelector(filter=flt), wait=True
             )
 
-    def build_search_index(self, *, points: int) -> float | None:
+    def build_search_index(self, *, points: int,
+                           announce: Callable[[str], None] | None = None) -> float | None:
         """Never: a Qdrant server indexes a collection in the background by itself."""
         return None
 

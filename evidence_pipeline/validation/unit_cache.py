@@ -15,30 +15,54 @@ body, the front matter as plain data and (once a check ran) the credential findi
   that look beyond the file (sources, the manifest, the whole corpus) are never cached.
 - The round-trip front matter (``doc.front``, which authoring edits) is parsed from the cached
   text only when asked for.
+- ``prepare`` fills the cache with the files it has just written
+  (:meth:`UnitCache.remember_written`), from the documents they were dumped from, so the next run
+  does not parse them either; the entry is keyed by the blob id of the bytes written, so a file
+  edited since is read again.
+- Once a file is checked, the entry also keeps its body's pieces (``fragments.body_pieces``,
+  a Markdown parse): a publication cuts fragments without parsing unchanged bodies again.
+- The manifest is kept the same way (its plain data, by blob id and path): with thousands of
+  sources, parsing it costs as much as a few hundred curated files.
 - Writing is best effort (atomic rename); an unreadable or foreign cache file is ignored.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
+from pydantic import ValidationError
+
+from evidence_pipeline.authoring.manifest import (
+    MANIFEST_NAME,
+    PIPELINE_VERSION,
+    Manifest,
+    read_manifest,
+)
+from evidence_pipeline.publishing.fragments import Piece, body_pieces, known_pieces
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.problems import Problem
-from evidence_runtime.curated import CuratedDocument
-from evidence_runtime.errors import EvidenceError
+from evidence_runtime.curated import (
+    MAX_CURATED_BYTES,
+    CuratedDocument,
+    decode_text,
+    split_front_matter,
+)
+from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt, to_plain
 
 CACHE_NAME = "units-cache.json"
 CACHE_FORMAT = 1
 # modules whose results an entry holds: a change to any of them empties the cache
 _FINGERPRINTED = (
+    "evidence_pipeline.authoring.manifest",
+    "evidence_pipeline.markdown",
+    "evidence_pipeline.publishing.fragments",
     "evidence_runtime.curated",
     "evidence_runtime.units",
     "evidence_runtime.yamlio",
@@ -47,6 +71,16 @@ _FINGERPRINTED = (
     "evidence_pipeline.validation.validator",
     "evidence_pipeline.validation.unit_cache",
 )
+
+
+def _plain_copy(value: Any) -> Any:
+    """A deep copy of JSON-like data (dicts, lists, scalars): what ``copy.deepcopy`` does for
+    it, several times faster."""
+    if isinstance(value, dict):
+        return {k: _plain_copy(v) for k, v in cast(dict[str, Any], value).items()}
+    if isinstance(value, list):
+        return [_plain_copy(v) for v in cast(list[Any], value)]
+    return value
 
 
 def blob_id(raw: bytes) -> str:
@@ -91,7 +125,7 @@ class CachedDocument(CuratedDocument):
     def data(self) -> dict[str, Any]:
         if self._front is not None:  # edited in place: read what it holds now
             return to_plain(self._front)
-        return copy.deepcopy(self._plain)
+        return _plain_copy(self._plain)
 
     @property
     def evidence_id(self) -> str | None:
@@ -107,26 +141,31 @@ class UnitCache:
         self.fingerprint = validator_fingerprint()
         self._old: dict[str, dict[str, Any]] = {}
         self._used: dict[str, dict[str, Any]] = {}
+        # the manifest's entries, apart from the curated files' (same key: blob id + path)
+        self._old_manifests: dict[str, dict[str, Any]] = {}
+        self._manifests: dict[str, dict[str, Any]] = {}
         self._dirty = False
         self.hits = 0
         self.misses = 0
         if path is not None:
-            self._old = self._read(path)
+            self._old, self._old_manifests = self._read(path)
 
     @classmethod
     def in_state_dir(cls, state_dir: Path) -> UnitCache:
         return cls(state_dir / CACHE_NAME)
 
-    def _read(self, path: Path) -> dict[str, dict[str, Any]]:
+    def _read(self, path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, UnicodeDecodeError):
-            return {}
+            return {}, {}
         if not isinstance(doc, dict) or cast(dict[str, Any], doc).get("fingerprint") \
                 != self.fingerprint:
-            return {}
-        entries = cast(dict[str, Any], doc).get("entries")
-        return cast(dict[str, dict[str, Any]], entries) if isinstance(entries, dict) else {}
+            return {}, {}
+        entries, manifests = (cast(dict[str, Any], doc).get(k) for k in ("entries", "manifests"))
+        return (cast(dict[str, dict[str, Any]], entries) if isinstance(entries, dict) else {},
+                cast(dict[str, dict[str, Any]], manifests) if isinstance(manifests, dict)
+                else {})
 
     @staticmethod
     def key(raw: bytes, shown: str) -> str:
@@ -140,7 +179,13 @@ class UnitCache:
             return None
         self.hits += 1
         self._used[key] = entry
-        return CachedDocument(plain=copy.deepcopy(entry["data"]), body=entry["body"],
+        pieces = entry.get("pieces")
+        if pieces is not None:
+            data = entry["data"]
+            known_pieces(entry["body"], str(data.get("title", "")),
+                         [Piece(text, field, atomic=atomic, heading=heading, rows=rows)
+                          for text, field, atomic, heading, rows in pieces])
+        return CachedDocument(plain=_plain_copy(entry["data"]), body=entry["body"],
                               path=entry["path"], front_text=entry["front_text"])
 
     def credential_problems(self, key: str) -> list[Problem] | None:
@@ -163,6 +208,79 @@ class UnitCache:
         if credentials is not None and "credentials" not in entry:
             entry["credentials"] = [p.model_dump(mode="json") for p in credentials]
             self._dirty = True
+        if credentials is not None and "pieces" not in entry:  # a checked file: publishing next
+            title = entry["data"].get("title")
+            if isinstance(title, str):
+                entry["pieces"] = [[p.text, p.field, p.atomic, p.heading, p.rows]
+                                   for p in body_pieces(doc.body, title)]
+                self._dirty = True
+
+    def remember_written(self, writes: Mapping[str, bytes], docs: Mapping[str, CuratedDocument],
+                         *, deleted: Iterable[str] = ()) -> int:
+        """After an apply: remember the curated files just written (shown path → bytes) from the
+        documents they were dumped from (shown path → document), without parsing them again.
+
+        A file is remembered only when its bytes split into the document's own body and a
+        front matter, its data is a valid unit and survives the JSON round trip of the cache
+        file; anything else is left to be parsed (and judged) when next read. Older entries
+        of the written and deleted paths are dropped, every other one is kept. Returns how
+        many files were remembered; call :meth:`save` after.
+        """
+        touched = {*writes, *deleted}
+        for key, entry in self._old.items():
+            if entry.get("path") not in touched:
+                self._used.setdefault(key, entry)
+        for key, entry in self._old_manifests.items():
+            if entry.get("path") not in touched:
+                self._manifests.setdefault(key, entry)
+        remembered = 0
+        for shown, raw in writes.items():
+            doc = docs.get(shown)
+            if doc is None or len(raw) > MAX_CURATED_BYTES:
+                continue
+            try:
+                front_text, body = split_front_matter(decode_text(raw, path=shown), path=shown)
+                data = doc.data()
+                doc.unit()
+                same = json.loads(json.dumps(data, ensure_ascii=False)) == data
+            except (UnitFormatError, ValidationError, TypeError, ValueError):
+                continue
+            if body != doc.body or not same:
+                continue
+            self._used[self.key(raw, shown)] = {"path": shown, "front_text": front_text,
+                                                "body": body, "data": data}
+            remembered += 1
+        self._dirty = True
+        return remembered
+
+    def manifest(self, evidence_dir: Path, *, shown: str) -> Manifest | None:
+        """``read_manifest(evidence_dir, shown=shown)``, from the cache when these bytes at this
+        path parsed before; a manifest that cannot be read or parsed is always read by
+        ``read_manifest``, which reports why."""
+        file = evidence_dir / MANIFEST_NAME
+        try:
+            raw = file.read_bytes() if file.is_file() and not file.is_symlink() else None
+        except OSError:
+            raw = None
+        if raw is None:
+            return read_manifest(evidence_dir, shown=shown)
+        key = self.key(raw, shown)
+        entry = self._manifests.get(key) or self._old_manifests.get(key)
+        if entry is not None and isinstance(entry.get("manifest"), dict):
+            self._manifests[key] = entry
+            self.hits += 1
+            return Manifest.model_validate(_plain_copy(entry["manifest"]))
+        self.misses += 1
+        try:
+            data = to_plain(load_rt(decode_text(raw, path=shown), path=shown))
+            manifest = Manifest.model_validate(data) if isinstance(data, dict) else None
+        except (UnitFormatError, ValidationError):
+            manifest = None
+        if manifest is None:
+            return read_manifest(evidence_dir, shown=shown)
+        self._manifests[key] = {"path": shown, "manifest": data}
+        self._dirty = True
+        return manifest
 
     def save(self) -> None:
         """Write the entries used in this run (and older ones, up to as many again); best
@@ -177,8 +295,10 @@ class UnitCache:
         tmp = self.path.with_name(f".{CACHE_NAME}.{os.getpid()}.tmp")
         try:
             ensure_state_dir(self.path.parent)
-            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": keep},
-                                      ensure_ascii=False), encoding="utf-8")
+            manifests = self._manifests or dict(list(self._old_manifests.items())[:4])
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "entries": keep,
+                                       "manifests": manifests}, ensure_ascii=False),
+                           encoding="utf-8")
             os.replace(tmp, self.path)
         except (OSError, EvidenceError):  # state_dir_unwritable
             tmp.unlink(missing_ok=True)

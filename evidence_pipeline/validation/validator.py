@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -53,13 +53,18 @@ _UNSAFE_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: str,
                sources: SourceReader, skip_source: frozenset[str] = frozenset(),
                check: bool = True, cache: UnitCache | None = None,
+               progress: Callable[[int, int], None] | None = None,
                ) -> tuple[list[LoadedUnit], list[Problem]]:
     """Read, parse and (unless ``check`` is false) check each curated file (``rel_paths`` from
     :func:`corpus_files`, which leaves out symbolic links); with ``cache``, a file whose bytes
-    parsed into a valid unit before is not parsed nor scanned for credentials again."""
+    parsed into a valid unit before is not parsed nor scanned for credentials again.
+    ``progress`` hears ``(files done, files)`` before each file and at the end."""
     loaded: list[LoadedUnit] = []
     problems: list[Problem] = []
+    rel_paths = list(rel_paths)
     for rel in rel_paths:
+        if progress is not None:
+            progress(len(loaded), len(rel_paths))
         shown = f"{shown_prefix}{rel}"
         file = evidence_dir / rel
         bad = [ch for ch in rel if unicodedata.category(ch) in _UNSAFE_NAME_CATEGORIES]
@@ -97,6 +102,8 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
                                        body=doc.body,
                                        skip_source=unit.id in skip_source))
         loaded.append(LoadedUnit(rel, doc, unit))
+    if progress is not None:
+        progress(len(loaded), len(rel_paths))
     if cache:
         cache.save()
     return loaded, problems
@@ -131,6 +138,7 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
                           shown_prefix: str = "evidence/",
                           max_chunk_chars: int | None = None,
                           cache: UnitCache | None = None,
+                          progress: Callable[[int, int], None] | None = None,
                           ) -> tuple[ValidationReport, list[LoadedUnit]]:
     """Validate a whole evidence directory (work tree or materialized revision).
 
@@ -141,7 +149,9 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     sources = SourceReader(evidence_dir)
     problems: list[Problem] = []
     try:
-        manifest = read_manifest(evidence_dir, shown=f"{shown_prefix}{MANIFEST_NAME}")
+        shown = f"{shown_prefix}{MANIFEST_NAME}"
+        manifest = (cache.manifest(evidence_dir, shown=shown) if cache
+                    else read_manifest(evidence_dir, shown=shown))
     except ManifestError as exc:
         problems.append(Problem(exc.code, Severity.error, exc.path, None, exc.message, exc.field))
         manifest = None
@@ -150,7 +160,8 @@ def validate_evidence_dir(evidence_dir: Path, *, patterns: Sequence[str],
     skip = frozenset([*manifest.orphans, *manifest.retirement_candidates]) if manifest \
         else frozenset()
     loaded, unit_problems = load_units(evidence_dir, rel_paths, shown_prefix=shown_prefix,
-                                       sources=sources, skip_source=skip, cache=cache)
+                                       sources=sources, skip_source=skip, cache=cache,
+                                       progress=progress)
     problems.extend(unit_problems)
     if max_chunk_chars is not None:
         problems.extend(oversized_problems(loaded, max_chunk_chars, shown_prefix=shown_prefix))
@@ -202,7 +213,8 @@ def oversized_problems(loaded: Iterable[LoadedUnit], max_chunk_chars: int, *,
     return out
 
 
-def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
+def validate_corpus(ws: Workspace, evidence_dir: Path | None = None, *,
+                    progress: Callable[[int, int], None] | None = None,
                     ) -> tuple[ValidationReport, list[LoadedUnit]]:
     """The corpus of ``ws`` checked as publishing checks it: every rule, and fragments within
     the workspace's ``max_chunk_chars``. ``evidence_dir`` is the work tree's by default, where
@@ -215,7 +227,8 @@ def validate_corpus(ws: Workspace, evidence_dir: Path | None = None,
                                            patterns=ws.config.evidence.patterns,
                                            shown_prefix=shown_prefix,
                                            max_chunk_chars=ws.config.embeddings.max_chunk_chars,
-                                           cache=UnitCache.in_state_dir(ws.state_dir))
+                                           cache=UnitCache.in_state_dir(ws.state_dir),
+                                           progress=progress)
     more: list[Problem] = []
     if evidence_dir is None:
         more.extend(evaluation_problems(ws.evidence_dir, loaded, shown_prefix=shown_prefix))
