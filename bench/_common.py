@@ -131,6 +131,15 @@ def run_phase(script: Path, *args: str, env: dict[str, str] | None = None) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def ran_as_phase(argv: Sequence[str] | None, phase: Any) -> bool:
+    """In the child process of :func:`run_phase` (``script --phase TARGET [--trace]``), run
+    ``phase(TARGET, trace)`` and say so; False in the script's own run."""
+    if argv is not None or len(sys.argv) < 3 or sys.argv[1] != "--phase":
+        return False
+    phase(sys.argv[2], "--trace" in sys.argv[3:])
+    return True
+
+
 def italian_sentences() -> list[str]:
     """Sentences of the demo notes (examples/psd): real Italian domain text to recombine."""
     import re

@@ -24,7 +24,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git, italian_sentences, log, machine, measure, run_phase, table, tht, write_json
+from _common import (
+    git,
+    italian_sentences,
+    log,
+    machine,
+    measure,
+    ran_as_phase,
+    run_phase,
+    table,
+    tht,
+    write_json,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -65,8 +76,7 @@ def build(dest: Path, sources: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--phase":
-        phase(sys.argv[2], "--trace" in sys.argv[3:])
+    if ran_as_phase(argv, phase):
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", type=int, default=1000)

@@ -39,6 +39,7 @@ from _common import (
     log,
     machine,
     measure,
+    ran_as_phase,
     run_phase,
     table,
     tht,
@@ -163,8 +164,7 @@ def publish_three(root: Path, trace: bool) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--phase":
-        phase(sys.argv[2], "--trace" in sys.argv[3:])
+    if ran_as_phase(argv, phase):
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--units", type=int, default=2000, help="units of the synthetic corpus")
