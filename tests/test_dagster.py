@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -487,25 +488,30 @@ def test_cli_prepare_fails_the_same_way_with_dagster_home(
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory, vector_store: VectorStore
-              ) -> tuple[Path, dg.ExecuteInProcessResult]:
-    """The demo workspace published once by the publish job (ephemeral instance)."""
+              ) -> tuple[Path, dg.ExecuteInProcessResult, dg.DagsterInstance]:
+    """The demo workspace published once by the publish job (ephemeral instance), 20 of its
+    fragments missing from the vector cache so that the run embeds them (and logs its progress).
+    """
     ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
     vector_store.seed(ws)
+    with contextlib.closing(sqlite3.connect(ws / ".tht" / "vectors.sqlite3")) as db, db:
+        # 20 fragments are new
+        db.execute("DELETE FROM vectors WHERE key IN (SELECT key FROM vectors LIMIT 20)")
     activate(ws)
-    result = run_job("publish", ws, dg.DagsterInstance.ephemeral())
-    return ws, result
+    instance = dg.DagsterInstance.ephemeral()
+    return ws, run_job("publish", ws, instance), instance
 
 
 @pytest.fixture
-def published_copy(published: tuple[Path, Any], tmp_path: Path) -> Path:
+def published_copy(published: tuple[Path, Any, Any], tmp_path: Path) -> Path:
     """A copy of the published workspace with its state (index, registry, vector cache)."""
     return copy_workspace(published[0], tmp_path / "ws")
 
 
 @pytest.mark.slow
 def test_publish_job_materializes_the_graph_on_the_demo_workspace(
-        published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
-    ws, result = published
+        published: tuple[Path, dg.ExecuteInProcessResult, dg.DagsterInstance]) -> None:
+    ws, result, _ = published
     assert result.success
     assert materialized(result) == {"published_corpus", "evidence_fragments",
                                     "fragment_embeddings", "candidate_generation",
@@ -528,6 +534,21 @@ def test_publish_job_materializes_the_graph_on_the_demo_workspace(
     assert table.startswith("| query | profile | purpose | @5 | @10 | expected | dense | bm25 |")
     assert "| q01 | semantic | sql_generation |" in table
     assert meta["candidate_generation"]["fragments"].value == 80
+
+
+@pytest.mark.slow
+def test_the_publish_run_logs_the_embedding_progress(
+        published: tuple[Path, dg.ExecuteInProcessResult, dg.DagsterInstance]) -> None:
+    """Progress while fragments are embedded (issue 17 item 11): the slow part of publishing a new
+    corpus shows how far it is, in lines of the Dagster run's log (``test_progress.py``: the bar
+    of the CLI)."""
+    _, result, instance = published
+    assert result.success
+    lines = [e.user_message for e in instance.all_logs(result.run_id)
+             if e.user_message.startswith("embedding: ")]
+    assert lines[0] == "embedding: 0/20 new fragment(s) (0%)"
+    assert lines[-1] == "embedding: 20/20 new fragment(s) (100%)"
+    assert len(lines) == len(set(lines)) >= 3  # a line per tenth reached, each once
 
 
 @pytest.mark.slow
@@ -686,8 +707,9 @@ def test_fragments_and_vectors_are_per_source_with_their_data_versions(
 
 
 @pytest.mark.slow
-def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
-    _, result = published
+def test_asset_checks_called_directly(
+        published: tuple[Path, dg.ExecuteInProcessResult, dg.DagsterInstance]) -> None:
+    _, result, _ = published
     report = result.output_for_node("generation_evaluation")
     passed = evaluation_gate(report)
     assert passed.passed and passed.metadata["hit@10"].value == 31
