@@ -32,5 +32,7 @@ if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb
   fi
 fi
 # One worker per core (pytest-xdist); a test module stays on one worker, so the workspace its
-# module fixtures publish is built once. `-n 0` runs everything in this process.
-.venv/bin/python -m pytest -n auto --dist loadfile "$@"
+# module fixtures publish is built once. Modules are handed out in collection order, where
+# tests/conftest.py puts the slowest first (not xdist's default: most tests first, which left
+# the long Dagster UI module, 3 tests, for the end). `-n 0` runs everything in this process.
+.venv/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@"
