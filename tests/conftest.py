@@ -231,6 +231,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # (--dist loadfile --no-loadscope-reorder): started first, a long module no longer runs alone
 # at the end while the other worker idles. The rest follow in their usual order.
 SLOWEST_FIRST = (
+    "tests/test_faults_publish.py",
+    "tests/test_prepare.py",
+    "tests/test_dagster_publish.py",
+    "tests/test_dagster_ui.py",
+    "tests/test_publish.py",
+    "tests/test_hostile.py",
+    "tests/test_search.py",
+    "tests/test_dagster.py",
+    "tests/test_maintenance_window.py",
+    "tests/test_operations.py",
+    "tests/test_evaluate.py",
+    "tests/test_properties.py",
+    "tests/test_ui_script.py",
+    "tests/test_index.py",
+    "tests/test_fail_closed.py",
+    "tests/test_prepare_backends.py",
 )
 
 
