@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: ruff, pyright, then pytest.
+# Set up (if needed) and run the whole test suite: ruff, then pytest with pyright beside it.
 # Where PostgreSQL's server binaries are installed, a throw-away cluster is started so the
 # registry tests also run on Postgres (THT_TEST_POSTGRES_URL); it is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/pyright  # strict on evidence_runtime ([tool.pyright] in pyproject.toml)
 
-# The browser test of the Dagster UI needs Debian's Chromium; install it where we can.
+# pyright (strict on evidence_runtime, [tool.pyright] in pyproject.toml) runs on one core while
+# the tests start; its report is printed, and its failure fails the run, after them.
+PYRIGHT_LOG=$(mktemp /tmp/tht-pyright.XXXXXX)
+.venv/bin/pyright >"$PYRIGHT_LOG" 2>&1 &
+PYRIGHT_PID=$!
+
+# The browser tests of the Dagster UI need Debian's Chromium; where we can, it is installed in
+# the background while the tests run, and those tests wait for the file THT_CHROMIUM_PENDING.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing chromium for the UI test (apt-get)…"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
-    >/dev/null 2>&1 || echo "chromium could not be installed; the browser test will be skipped"
+  echo "installing chromium for the UI tests in the background (apt-get)…"
+  CHROMIUM_DIR=$(mktemp -d /tmp/tht-chromium.XXXXXX)
+  export THT_CHROMIUM_PENDING="$CHROMIUM_DIR/done"
+  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+      >"$CHROMIUM_DIR/apt.log" 2>&1 \
+      || echo "chromium could not be installed; the browser tests will be skipped" >&2
+    touch "$THT_CHROMIUM_PENDING" ) &
 fi
 
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
@@ -32,5 +42,18 @@ if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb
   fi
 fi
 # One worker per core (pytest-xdist); a test module stays on one worker, so the workspace its
-# module fixtures publish is built once. `-n 0` runs everything in this process.
-.venv/bin/python -m pytest -n auto --dist loadfile "$@"
+# module fixtures publish is built once. Modules are handed out in collection order, where
+# tests/conftest.py puts the slowest first (not xdist's default: most tests first, which left
+# the long Dagster UI module, 3 tests, for the end). `-n 0` runs everything in this process.
+status=0
+.venv/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@" || status=$?
+pyright_status=0
+wait "$PYRIGHT_PID" || pyright_status=$?
+echo "pyright:"
+cat "$PYRIGHT_LOG"
+rm -f "$PYRIGHT_LOG"
+if [ "$pyright_status" != 0 ]; then
+  echo "pyright failed (exit $pyright_status)" >&2
+  [ "$status" != 0 ] || status=$pyright_status
+fi
+exit "$status"

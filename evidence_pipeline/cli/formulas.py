@@ -7,12 +7,12 @@ commit; review the change with ``git diff`` and ``tht evidence validate``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from evidence_pipeline.authoring.formulas import FormulaImportError, ImportResult
 from evidence_pipeline.cli.common import (
     EXIT_PROBLEMS,
     emit_json,
@@ -22,6 +22,9 @@ from evidence_pipeline.cli.common import (
     user_errors,
     workspace_root,
 )
+
+if TYPE_CHECKING:  # the importers load Git, the validator and sqlglot: only when a command runs
+    from evidence_pipeline.authoring.formulas import FormulaImportError, ImportResult
 
 
 def _report(result: ImportResult, *, as_json: bool, what: str) -> None:
@@ -72,7 +75,7 @@ def import_formulas_cmd(workspace_root: Path, legacy_dir: Path, as_json: bool) -
     Each file is copied under evidence/source/ and cited by its unit; an entry that is not one
     composable expression is kept with a review item. All or nothing; makes no commit.
     """
-    from evidence_pipeline.authoring.formulas import import_formulas
+    from evidence_pipeline.authoring.formulas import FormulaImportError, import_formulas
 
     try:
         result = import_formulas(workspace_root, legacy_dir)
@@ -95,7 +98,7 @@ def import_proposals_cmd(workspace_root: Path, artifacts: tuple[Path, ...],
     Each proposal becomes a source note and a formula unit awaiting review. Sessions never write
     the repository; this is the only way in. All or nothing; makes no commit.
     """
-    from evidence_pipeline.authoring.formulas import import_proposals
+    from evidence_pipeline.authoring.formulas import FormulaImportError, import_proposals
 
     try:
         result = import_proposals(workspace_root, list(artifacts))
