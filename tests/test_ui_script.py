@@ -26,6 +26,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _processes_with(text: str) -> list[str]:
     """Command lines of the running processes that mention ``text`` (zombies have none)."""
     found = []
@@ -48,8 +52,12 @@ def test_ctrl_c_stops_the_ui_and_everything_it_started(tmp_path: Path) -> None:
     log = tmp_path / "ui.log"
     with log.open("wb") as out:
         # its own session and process group, as a terminal runs it: Ctrl-C is SIGINT to the group
+        # with SIGINT at its default, as a terminal starts it: a shell that finds SIGINT ignored
+        # (inherited from a test runner started with `&` by a non-interactive shell) can never
+        # trap it, and ui.sh would sit through Ctrl-C
         ui = subprocess.Popen(["bash", str(ROOT / "scripts" / "ui.sh")], env=env, stdout=out,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+                              stderr=subprocess.STDOUT, start_new_session=True,
+                              preexec_fn=_default_sigint)
         try:
             deadline = time.monotonic() + 300
             while True:
