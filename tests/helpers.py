@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,7 +108,14 @@ def dagster_home(tmp_path: Path) -> Path:
 
 def copy_workspace(src: Path, dest: Path) -> Path:
     """A private copy of a workspace: the same commits, and its .tht state (registry, Edge shard,
-    vector cache, materialized revisions). Far cheaper than publishing again."""
+    vector cache, materialized revisions). Far cheaper than publishing again.
+
+    The Edge shard's files are mostly holes (about 1.4 MB used of 250 MB apparent): GNU ``cp``
+    keeps them holes, where ``shutil.copytree`` writes every byte (0.37 s and 4 MB a copy against
+    0.61 s and 254 MB)."""
+    if shutil.which("cp") and sys.platform.startswith("linux"):
+        subprocess.run(["cp", "-a", "--sparse=always", str(src), str(dest)], check=True)
+        return dest
     return Path(shutil.copytree(src, dest, symlinks=True))
 
 
