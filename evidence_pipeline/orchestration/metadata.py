@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
@@ -25,6 +26,11 @@ from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
+
+# The assets return their data versions on dg.Output (issue 17: unchanged sources stay green);
+# Dagster marks that parameter beta and warns on every output, in every run's log: noise here.
+warnings.filterwarnings("ignore", category=dg.BetaWarning,
+                        message=r"Parameter `data_version` of initializer `Output\.__init__`")
 
 MAX_ROWS = 100
 CURATORS = "team:curators"
