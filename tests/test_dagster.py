@@ -115,15 +115,16 @@ def spy() -> SpyBackend:
     return _SPY
 
 
-def resources(ws: Path) -> dict[str, Any]:
+def resources(ws: Path, model: ModelBackendResource | None = None) -> dict[str, Any]:
+    """The code location's resources on workspace ``ws``; the model is the spy unless given."""
     return {"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
-            "embedder": EmbedderResource(), "model": SpyModel()}
+            "embedder": EmbedderResource(), "model": model or SpyModel()}
 
 
-def run_job(name: str, ws: Path, instance: dg.DagsterInstance, **kw: Any
-            ) -> dg.ExecuteInProcessResult:
-    return defs.resolve_job_def(name).execute_in_process(instance=instance,
-                                                         resources=resources(ws), **kw)
+def run_job(name: str, ws: Path, instance: dg.DagsterInstance, *,
+            model: ModelBackendResource | None = None, **kw: Any) -> dg.ExecuteInProcessResult:
+    return defs.resolve_job_def(name).execute_in_process(
+        instance=instance, resources=resources(ws, model), **kw)
 
 
 def add_note(ws: Path) -> None:

@@ -18,7 +18,6 @@ import dagster as dg
 import pytest
 
 from evidence_pipeline.authoring.manifest import read_manifest
-from evidence_pipeline.definitions import defs
 from evidence_pipeline.demo import git
 from evidence_pipeline.orchestration.authoring import (
     normalized_source,
@@ -27,15 +26,12 @@ from evidence_pipeline.orchestration.authoring import (
     validated_units,
 )
 from evidence_pipeline.orchestration.partitions import sync_source_partitions
-from evidence_pipeline.orchestration.resources import (
-    EmbedderResource,
-    IndexResource,
-    ModelBackendResource,
-    WorkspaceResource,
-)
+from evidence_pipeline.orchestration.resources import ModelBackendResource
 from evidence_runtime.registry import Registry
 from evidence_runtime.workspace import load_workspace
 from tests.helpers import cli, commit, dagster_home, edit, head
+from tests.test_dagster import resources as dagster_resources
+from tests.test_dagster import run_job
 
 NOTE = "source/90-prove/esito-ps.md"
 # a code table with a third column: the structural backend flags it for review
@@ -55,14 +51,12 @@ def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
 
 
 def resources(ws: Path) -> dict[str, Any]:
-    return {"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
-            "embedder": EmbedderResource(), "model": ModelBackendResource()}
+    return dagster_resources(ws, ModelBackendResource())  # the workspace's own model backend
 
 
 def run(job: str, ws: Path, instance: dg.DagsterInstance, **kw: Any
         ) -> dg.ExecuteInProcessResult:
-    return defs.resolve_job_def(job).execute_in_process(
-        instance=instance, resources=resources(ws), raise_on_error=False, **kw)
+    return run_job(job, ws, instance, model=ModelBackendResource(), raise_on_error=False, **kw)
 
 
 def activate_config(revision: str | None) -> dict[str, Any]:
