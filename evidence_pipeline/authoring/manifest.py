@@ -18,7 +18,7 @@ Two keys beyond DESIGN.md's format (extra keys are allowed there):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -144,17 +144,36 @@ def empty_manifest() -> Manifest:
 
 def parse_manifest(text: str, *, path: str) -> Manifest:
     """Parse manifest text; :class:`ManifestError` names the field at fault."""
+    return manifest_from_data(manifest_data(text, path=path), path=path)
+
+
+def manifest_data(text: str, *, path: str) -> dict[str, Any]:
+    """Manifest text as plain data (what :func:`manifest_from_data` takes, and what a cache can
+    keep); :class:`ManifestError` when it is not a YAML mapping."""
     try:
         data = to_plain(load_rt(text, path=path))
     except UnitFormatError as exc:
         raise ManifestError(exc.message, path=path) from None
     if not isinstance(data, dict):
         raise ManifestError("must be a YAML mapping", path=path)
+    return cast(dict[str, Any], data)
+
+
+def manifest_from_data(data: dict[str, Any], *, path: str) -> Manifest:
+    """The manifest that plain ``data`` holds; :class:`ManifestError` names the field at fault."""
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
         field, message = validation_messages(exc)[0]
         raise ManifestError(message, path=path, field=field) from None
+
+
+def decode_manifest(raw: bytes, *, path: str) -> str:
+    """A manifest file's bytes as text; :class:`ManifestError` when they are not UTF-8 text."""
+    try:
+        return decode_text(raw, path=path)
+    except UnitFormatError as exc:
+        raise ManifestError(exc.message, path=path) from None
 
 
 def read_manifest(evidence_dir: Path, *, shown: str | None = None) -> Manifest | None:
@@ -163,11 +182,7 @@ def read_manifest(evidence_dir: Path, *, shown: str | None = None) -> Manifest |
     shown = shown or str(file)
     if not file.exists():
         return None
-    try:
-        text = decode_text(file.read_bytes(), path=shown)
-    except UnitFormatError as exc:
-        raise ManifestError(exc.message, path=shown) from None
-    return parse_manifest(text, path=shown)
+    return parse_manifest(decode_manifest(file.read_bytes(), path=shown), path=shown)
 
 
 def dump_manifest(manifest: Manifest) -> str:

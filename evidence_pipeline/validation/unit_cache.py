@@ -42,6 +42,9 @@ from evidence_pipeline.authoring.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
+    decode_manifest,
+    manifest_data,
+    manifest_from_data,
     read_manifest,
 )
 from evidence_pipeline.publishing.fragments import Piece, body_pieces, known_pieces
@@ -255,8 +258,8 @@ class UnitCache:
 
     def manifest(self, evidence_dir: Path, *, shown: str) -> Manifest | None:
         """``read_manifest(evidence_dir, shown=shown)``, from the cache when these bytes at this
-        path parsed before; a manifest that cannot be read or parsed is always read by
-        ``read_manifest``, which reports why."""
+        path parsed before, else parsed as ``read_manifest`` parses it (the same
+        :class:`ManifestError` for bytes that are not a manifest; those are never cached)."""
         file = evidence_dir / MANIFEST_NAME
         try:
             raw = file.read_bytes() if file.is_file() and not file.is_symlink() else None
@@ -269,15 +272,11 @@ class UnitCache:
         if entry is not None and isinstance(entry.get("manifest"), dict):
             self._manifests[key] = entry
             self.hits += 1
-            return Manifest.model_validate(_plain_copy(entry["manifest"]))
+            return manifest_from_data(_plain_copy(entry["manifest"]), path=shown)
         self.misses += 1
-        try:
-            data = to_plain(load_rt(decode_text(raw, path=shown), path=shown))
-            manifest = Manifest.model_validate(data) if isinstance(data, dict) else None
-        except (UnitFormatError, ValidationError):
-            manifest = None
-        if manifest is None:
-            return read_manifest(evidence_dir, shown=shown)
+        # the parse read_manifest does, keeping the plain data; its errors name the field
+        data = manifest_data(decode_manifest(raw, path=shown), path=shown)
+        manifest = manifest_from_data(data, path=shown)
         self._manifests[key] = {"path": shown, "manifest": data}
         self._dirty = True
         return manifest
