@@ -74,8 +74,16 @@ def cache_key(model_id: str, text: str) -> str:
     return hashlib.sha256(f"{model_id}\0{text}".encode()).hexdigest()
 
 
+CACHE_NAME = "vectors.sqlite3"
+
+
 class VectorCache:
     """Vectors by (model, text) in one SQLite file; safe to share between threads."""
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path) -> VectorCache:
+        """The workspace's vector cache (``<state dir>/vectors.sqlite3``)."""
+        return cls(state_dir / CACHE_NAME)
 
     def __init__(self, path: str | Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.path = Path(path)

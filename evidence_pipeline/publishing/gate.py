@@ -90,7 +90,7 @@ class CachedQueries:
     @contextlib.contextmanager
     def open(cls, inner: Embedder, ws: Workspace) -> Iterator[CachedQueries]:
         try:
-            cache: VectorCache | None = VectorCache(ws.state_dir / "vectors.sqlite3")
+            cache: VectorCache | None = VectorCache.in_state_dir(ws.state_dir)
         except EvidenceError:
             cache = None
         try:

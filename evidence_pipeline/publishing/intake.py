@@ -104,7 +104,7 @@ def embed_fragments(ws: Workspace, frags: list[tuple[LoadedUnit, Fragment]],
         emb = embedder or make_embedder(ws.config.embeddings.model,
                                         max_chunk_chars=ws.config.embeddings.max_chunk_chars,
                                         threads=ws.config.embeddings.threads)
-        cache = VectorCache(ws.state_dir / "vectors.sqlite3")
+        cache = VectorCache.in_state_dir(ws.state_dir)
         try:
             vectors, computed = embed_with_cache(emb, [f.text for _, f in frags], cache,
                                                  progress=progress)
