@@ -38,13 +38,15 @@ from tests.helpers import (
     cli,
     head,
     held_open,
+    warm_demo,
 )
 
 
 @pytest.fixture
 def demo_ws(tmp_path: Path) -> Path:
-    """A fresh copy of the demo workspace as a committed Git repository."""
-    return create_demo_repo(tmp_path / "ws")
+    """A fresh copy of the demo workspace as a committed Git repository, with the cache of its
+    parsed curated files (``warm_demo``; ``test_unit_cache`` overrides this fixture cold)."""
+    return warm_demo(create_demo_repo(tmp_path / "ws"))
 
 
 @pytest.fixture(scope="session")

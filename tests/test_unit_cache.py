@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.unit_cache import CACHE_NAME, UnitCache, blob_id
 from evidence_pipeline.validation.validator import load_units, validate_corpus, validate_workspace
 from evidence_runtime.workspace import load_workspace
 
 CURATED = "evidence/curated/enum/regime-sdo.md"
+
+
+@pytest.fixture
+def demo_ws(tmp_path: Path) -> Path:
+    """The demo workspace without a cache: these tests start cold (conftest's starts warm)."""
+    return create_demo_repo(tmp_path / "ws")
 
 
 def _report(ws: Path) -> list[str]:
