@@ -6,10 +6,11 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,41 @@ def write_json(name: str, document: Any) -> Path:
     path = RESULTS / name
     path.write_text(json.dumps(document, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def finish(name: str, document: Any, summary: Any, human: Callable[[], str],
+           as_json: bool) -> int:
+    """The end of a benchmark's run: ``document`` written to ``bench/results/<name>``, then on
+    stdout either ``summary`` as one JSON document (``--json``) or the ``human`` text (its
+    tables) and where the full report is. The script's exit status."""
+    path = write_json(name, document)
+    if as_json:
+        print(json.dumps(summary, ensure_ascii=False))
+    else:
+        print(human())
+        print(f"\nfull report: {path}")
+    return 0
+
+
+def source_workspace(dest: Path, config: str, readme: str, notes: Mapping[str, str], *,
+                     message: str = "sources") -> Path:
+    """A new Git workspace at ``dest`` (whatever was there removed): ``config`` as thoth.yaml,
+    ``readme`` as evidence/README.md, ``.tht/`` ignored and the ``notes`` (paths under
+    ``evidence/source/``), all committed with ``message``; ready for `tht evidence prepare`."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    src = dest / "evidence" / "source"
+    src.mkdir(parents=True)
+    (dest / "thoth.yaml").write_text(config, encoding="utf-8")
+    (dest / "evidence" / "README.md").write_text(readme, encoding="utf-8")
+    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    for rel, text in notes.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text, encoding="utf-8")
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", message)
+    return dest
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:

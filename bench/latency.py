@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, RESULTS, log, machine, pct, peak_rss_mib, table, write_json
+from _common import REPO, RESULTS, finish, log, machine, pct, peak_rss_mib, table
 
 WID = "bench"
 REVISION = "b" * 40
@@ -434,20 +434,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               "sizes": results, "peak_rss_mib": peak_rss_mib()}
     name = "latency.json" if not args.fragments else \
         f"latency-{'-'.join(str(s) for s in sizes)}.json"
-    path = write_json(name, report)
-    if args.json:
-        r = results[0]
-        print(json.dumps({
-            "fragments": r["fragments"],
-            "search_p50_ms": r["search"]["p50_ms"], "search_p95_ms": r["search"]["p95_ms"],
-            "raw_edge_p50_ms": r["raw_edge"]["p50_ms"],
-            "query_embed_p50_ms": r["query_embed"]["p50_ms"],
-            "client_local_p50_ms": r["client_local"]["raw_query"]["p50_ms"]
-            if r["client_local"] else None}))
-    else:
-        print(render(report))
-        print(f"\nfull report: {path}")
-    return 0
+    r = results[0]
+    short = {"fragments": r["fragments"],
+             "search_p50_ms": r["search"]["p50_ms"], "search_p95_ms": r["search"]["p95_ms"],
+             "raw_edge_p50_ms": r["raw_edge"]["p50_ms"],
+             "query_embed_p50_ms": r["query_embed"]["p50_ms"],
+             "client_local_p50_ms": r["client_local"]["raw_query"]["p50_ms"]
+             if r["client_local"] else None}
+    return finish(name, report, short, lambda: render(report), args.json)
 
 
 def render(r: dict[str, Any]) -> str:

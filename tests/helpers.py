@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,6 +135,33 @@ def warm_demo(ws: Path) -> Path:
     ensure_state_dir(ws / STATE_DIR_NAME)
     (ws / STATE_DIR_NAME / CACHE_NAME).write_bytes(_WARM_DEMO_CACHE[0])
     return ws
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_webserver(base: str, process: subprocess.Popen[bytes], log: Path,
+                       timeout_s: float) -> None:
+    """Return once the Dagster webserver at ``base`` (``http://host:port``) answers
+    ``/server_info``; RuntimeError with the tail of ``log`` (the output of ``process``, which
+    starts it) if ``process`` exits first or no answer comes within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if process.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    why = (f"its process exited with {process.returncode}" if process.poll() is not None
+           else f"no answer in {timeout_s:g} s")
+    raise RuntimeError(f"the webserver at {base} did not start ({why}); {log}:\n"
+                       + log.read_text(errors="replace")[-5000:])
 
 
 def copy_workspace(src: Path, dest: Path) -> Path:

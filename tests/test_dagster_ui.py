@@ -13,11 +13,9 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ import pytest
 
 from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.orchestration.partitions import sync_source_partitions
-from tests.helpers import dagster_home
+from tests.helpers import dagster_home, free_port, wait_for_webserver
 from tests.test_dagster import UNCHANGED, partition_status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,12 +57,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1600,1000",
                   "--virtual-time-budget=30000"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _page_text(dom: str) -> str:
@@ -148,7 +140,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         f.write(POLLING)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         sync_source_partitions(instance, ws / "evidence")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
     server = _start([str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
@@ -156,15 +148,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
     daemon = _start([sys.executable, "-c", DAEMON, "run", "-w", "workspace.yaml"], env,
                     tmp / "daemon.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/server_info", timeout=5).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert server.poll() is None, (tmp / "webserver.log").read_text()
-                assert time.monotonic() < deadline, "the webserver did not start in 120 s"
-                time.sleep(0.5)
+        wait_for_webserver(base, server, tmp / "webserver.log", 120)
         _post(f"{base}/graphql", "mutation { setNuxSeen }")  # no welcome dialog over the graph
         launched = _gql(base, LAUNCH_BACKFILL, {"p": {
             "partitionNames": BACKFILLED, "assetSelection": [{"path": ["source_file"]}]}})

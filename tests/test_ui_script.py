@@ -6,24 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, STATE_ENV, print_at_end
+from tests.helpers import ROOT, STATE_ENV, free_port, print_at_end, wait_for_webserver
 
 STOP_S = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _default_sigint() -> None:
@@ -45,7 +36,7 @@ def _processes_with(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_ui_and_everything_it_started(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     state = tmp_path / "ui"
     env = {k: v for k, v in os.environ.items() if k not in STATE_ENV}
     env.update(THT_UI_STATE=str(state), THT_UI_PORT=str(port), THT_UI_STOP_S=str(STOP_S))
@@ -59,16 +50,7 @@ def test_ctrl_c_stops_the_ui_and_everything_it_started(tmp_path: Path) -> None:
                               stderr=subprocess.STDOUT, start_new_session=True,
                               preexec_fn=_default_sigint)
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info",
-                                           timeout=5).read()
-                    break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    assert ui.poll() is None, log.read_text(errors="replace")
-                    assert time.monotonic() < deadline, "the UI did not start in 300 s"
-                    time.sleep(0.5)
+            wait_for_webserver(f"http://127.0.0.1:{port}", ui, log, 300)
             assert _processes_with(str(state / "dagster-home"))  # Dagster's code server runs
             started = time.monotonic()
             os.killpg(ui.pid, signal.SIGINT)
