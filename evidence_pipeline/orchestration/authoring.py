@@ -283,7 +283,8 @@ def _model_calls(context: dg.OpExecutionContext, done: int, total: int) -> None:
 
 def _model_steps_done(context: dg.OpExecutionContext) -> int:
     """How many model steps of this run have succeeded so far (a step counts itself only once
-    it has returned): steps in other processes count too, so the count needs no shared state."""
+    it has returned): steps in other processes count too, so the count needs no shared state;
+    two parallel steps that finish at once may both see the same count."""
     marker = f"{restructure_source.name}["
     records = context.instance.get_records_for_run(
         context.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS).records
