@@ -13,9 +13,11 @@ embedding 100k real fragments would take hours on 2 cores (bench/README.md, "Emb
 in ``tests/data/demo-vectors.npz``: a random convex mix of 3 of them plus Gaussian noise
 (cosine ~0.9 to the mix), so the points share the real vectors' anisotropy; the queries are
 mixes too. ``--vectors random`` takes uniform random unit vectors, the hardest case for HNSW
-(no structure at all), so its recall is a floor. The queries are what ``search()`` sends the
-engine: two prefetches (dense + BM25 of the demo's 31 evaluation questions, prefetch 50) fused
-by RRF, filtered on the active generation, limit 10 (``EdgeIndex.query``).
+(no structure at all), so its recall is a floor. The queries have the shape ``search()`` sends
+the engine: two prefetches (dense + BM25 of the demo's 31 evaluation questions, prefetch 50)
+fused by RRF, filtered on the active generation, limit 10 (``EdgeIndex.query``); ``search()``
+also filters on the revision and the purpose and asks for 40 hits, ~1.3x heavier
+(``large_generation_probe.py shapes``).
 
 Measured per size: upsert time; engine query p50/p95 as written; ``optimize()`` time (the HNSW
 build ``preprocess`` runs from ``SEARCH_INDEX_MIN_POINTS`` points on); p50/p95 after; what the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import subprocess
@@ -56,6 +57,7 @@ from evidence_pipeline.orchestration.partitions import (
     mapping_key,
     sync_source_partitions,
 )
+from evidence_pipeline.orchestration.progress import listening
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -65,6 +67,7 @@ from evidence_pipeline.orchestration.resources import (
 from evidence_pipeline.orchestration.sensors import (
     source_partitions_sensor,
 )
+from evidence_pipeline.publishing.progress import PhaseProgress
 from tests.helpers import dagster_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -425,6 +428,53 @@ def test_prepare_job_restructures_only_changed_sources_exactly_as_prepare(
         event = instance.get_latest_materialization_event(dg.AssetKey(key))
         assert event is not None and event.asset_materialization.partition == NOTE
     assert check_results(batch) == {"curated_corpus_publishable": True}
+
+
+@pytest.mark.slow
+def test_prepare_job_counts_its_model_calls_in_the_log_and_to_the_cli(demo_ws: Path) -> None:
+    """12 new notes, the workspace's own (structural) backend: each model step counts the
+    steps done in the run; the run's log has the count at each tenth of the way, a listening
+    CLI hears every one, in order, up to N."""
+    for i in range(12):
+        note = demo_ws / "evidence" / "source" / "90-prove" / f"nota-{i:02d}.md"
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(f"# Nota {i}\n\nIl reparto {i} ricovera pazienti con diagnosi "
+                        f"principale {i}.\n", encoding="utf-8")
+    instance = dg.DagsterInstance.ephemeral()
+    heard: list[Any] = []
+    with listening(heard.append):
+        batch = run_job("prepare", demo_ws, instance, model=ModelBackendResource())
+    assert batch.success
+    assert batch.output_for_node("applied_batch").model_calls == 12
+    assert [h.done for h in heard if isinstance(h, PhaseProgress)] == list(range(13))
+    logged = [e.message for e in instance.all_logs(batch.run_id)
+              if e.message and e.message.startswith("model calls: ")]
+    assert logged == [f"model calls: {k}/12 source(s) ({100 * k // 12}%)"
+                      for k in (0, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12)]  # each tenth crossed
+
+
+@pytest.mark.slow
+def test_cli_prepare_with_dagster_home_draws_the_model_calls_bar(
+        demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the job, the CLI's bar hears the model steps' count (forwarded from the run);
+    the per-source lines and the one JSON document stay where they were."""
+    import io
+
+    from rich.console import Console
+
+    from evidence_pipeline.cli import common
+
+    add_note(demo_ws)
+    terminal = io.StringIO()
+    monkeypatch.setattr(common, "stderr", Console(file=terminal, force_terminal=True, width=100))
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
+    r = CliRunner().invoke(main, ["evidence", "prepare", str(demo_ws), "--backend",
+                                  "structural", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["model_calls"] == 1
+    drawn = terminal.getvalue()
+    assert "model calls source(s)" in drawn and "1/1" in drawn
+    assert NOTE in r.stderr  # the source's own line
 
 
 def _dirty_curated(ws: Path) -> list[str]:

@@ -7,6 +7,7 @@ path; everything else (intake, ids, validation, the all-or-nothing apply, Git ch
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -31,11 +32,12 @@ from evidence_pipeline.authoring.backends.base import (
 )
 from evidence_pipeline.authoring.curated_writer import render_body
 from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
-from evidence_pipeline.authoring.prepare import PrepareError, prepare
+from evidence_pipeline.authoring.prepare import MODEL_CALLS, PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
-from evidence_pipeline.cli import main
+from evidence_pipeline.cli import common, main
 from evidence_pipeline.demo import git
 from evidence_pipeline.lock import workspace_lock
+from evidence_pipeline.publishing.progress import PhaseProgress
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
@@ -723,3 +725,85 @@ def test_demo_prepare_twice_second_run_makes_no_model_call(demo_ws: Path) -> Non
         assert again.exit_code == 0
         assert json.loads(again.stdout)["model_calls"] == 0
         assert status(demo_ws) == ""
+
+
+# --- progress of the model calls (issue 18) ---------------------------------------------------
+
+
+def calls(done: int, total: int) -> PhaseProgress:
+    return PhaseProgress(done, total, *MODEL_CALLS)
+
+
+def test_model_calls_are_counted_as_each_call_returns(tmp_path: Path) -> None:
+    """0 of N once the plan is known, then k of N as the k-th call returns, before that
+    source's report; none on a run without a model call."""
+    ws = make_ws(tmp_path, {"source/paziente.md": PAZIENTE, "source/ricovero.md": RICOVERO})
+    backend = ScriptedBackend(dict(FIRST))
+    heard: list[Any] = []
+    result = run_prepare(ws, backend, progress=heard.append, model_progress=heard.append)
+    assert result.model_calls == 2
+    assert [h if isinstance(h, PhaseProgress) else h.path for h in heard] == [
+        calls(0, 2), calls(1, 2), "source/paziente.md", calls(2, 2), "source/ricovero.md"]
+    assert heard[-2].line() == "model calls: 2/2 source(s) (100%)"
+    commit(ws, "prepared")
+    (ws / "evidence/source/nuova.md").write_text("# Nuova\n\nUna nota.\n", encoding="utf-8")
+    commit(ws, "another source")
+    backend.script["source/nuova.md"] = reply(glossary("Nota", "nota", "Una nota.", "Una nota."))
+    again: list[Any] = []
+    assert run_prepare(ws, backend, model_progress=again.append).model_calls == 1
+    assert again == [calls(0, 1), calls(1, 1)]  # 1 changed of 3 sources: N is the changed
+    commit(ws, "prepared again")
+    nothing: list[Any] = []
+    assert run_prepare(ws, ScriptedBackend({}), model_progress=nothing.append).status == \
+        "unchanged"
+    assert nothing == []
+
+
+def test_a_model_failure_ends_the_count_short_of_n(tmp_path: Path) -> None:
+    ws = make_ws(tmp_path, {"source/a.md": PAZIENTE, "source/b.md": RICOVERO,
+                            "source/c.md": RICOVERO.replace("Ricovero", "Degenza")})
+    backend = ScriptedBackend({"source/a.md": FIRST["source/paziente.md"],
+                               "source/b.md": ModelBackendError("timeout", code="model_timeout")})
+    heard: list[PhaseProgress] = []
+    with pytest.raises(PrepareError) as info:
+        run_prepare(ws, backend, model_progress=heard.append)
+    assert info.value.not_attempted == ["source/c.md"]
+    assert heard == [calls(0, 3), calls(1, 3), calls(2, 3)]  # 2 calls made, c never sent
+
+
+def test_structural_prepare_of_many_sources_counts_in_order_up_to_n(tmp_path: Path) -> None:
+    """120 new notes, the structural backend: the count rises in order from 0 to 120, a step
+    of about a fiftieth of the way (a bar moves; a large batch does not pay a callback per
+    call)."""
+    notes = {f"source/nota-{i:03d}.md": f"# Nota {i}\n\nIl reparto {i} ricovera pazienti "
+             f"con diagnosi principale {i}.\n" for i in range(120)}
+    ws = make_ws(tmp_path, notes)
+    heard: list[PhaseProgress] = []
+    result = prepare(ws, backend="structural", model_progress=heard.append)
+    assert result.model_calls == 120
+    done = [h.done for h in heard]
+    assert done[0] == 0 and done[-1] == 120 and done == sorted(set(done))
+    assert {h.total for h in heard} == {120} and {h.label for h in heard} == {
+        "model calls source(s)"}
+    steps = [b - a for a, b in itertools.pairwise(done)]
+    assert sum(steps) == 120 and set(steps) == {120 // 50}  # every second call: 61 updates
+
+
+def test_cli_prepare_draws_the_model_calls_bar_on_stderr_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the model calls are a bar on stderr; stdout keeps its one JSON document,
+    and the per-source lines stay."""
+    import io
+
+    from rich.console import Console
+
+    ws = make_ws(tmp_path, {"source/paziente.md": PAZIENTE, "source/ricovero.md": RICOVERO})
+    terminal = io.StringIO()
+    monkeypatch.setattr(common, "stderr", Console(file=terminal, force_terminal=True, width=100))
+    r = CliRunner().invoke(main, ["evidence", "prepare", str(ws), "--backend", "structural",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["model_calls"] == 2  # the whole of stdout: one document
+    drawn = terminal.getvalue()
+    assert "model calls source(s)" in drawn and "2/2" in drawn
+    assert "source/paziente.md" in r.stderr and "source/ricovero.md" in r.stderr

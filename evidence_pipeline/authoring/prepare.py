@@ -45,12 +45,14 @@ from evidence_pipeline.authoring.sources import (
     intake,
 )
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
+from evidence_pipeline.publishing.progress import phase_reporter
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
 from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.workspace import Workspace, load_workspace
 
 __all__ = [
+    "MODEL_CALLS",
     "RESTRUCTURED",
     "PrepareError",
     "PreparePlan",
@@ -68,6 +70,8 @@ __all__ = [
 ]
 
 RESTRUCTURED = frozenset({Change.changed, Change.new})
+# the phase and items of the model calls' progress: ``model calls: 3/40 source(s) (7%)``
+MODEL_CALLS = ("model calls", "source(s)")
 
 
 class PrepareError(EvidenceError):
@@ -113,8 +117,12 @@ class PrepareResult(BaseModel):
 def prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
             progress: Progress | None = None,
             backend_factory: Callable[[str, dict[str, Any]], ModelBackend] = make_backend,
+            model_progress: Callable[[Any], None] | None = None,
             ) -> PrepareResult:
-    """Run prepare on a workspace; raises :class:`PrepareError` (nothing written) on failure."""
+    """Run prepare on a workspace; raises :class:`PrepareError` (nothing written) on failure.
+
+    ``progress`` hears each source's report; ``model_progress`` how many of the changed
+    sources' model calls are done (``PhaseProgress`` ``model calls``, see :func:`take_in`)."""
     ws = load_workspace(root)
     with AuthoringSession.open(ws, what="prepare") as session:
         if session.rolled_forward:
@@ -130,7 +138,7 @@ def prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
                 model = backend_factory(backend_name, ws.config.model.settings())
             return call_model(model, model_request(plan, change))
 
-        return apply_plan(plan, propose, progress=progress)
+        return apply_plan(plan, propose, progress=progress, model_progress=model_progress)
 
 
 # --- the stages of prepare (the CLI above and the Dagster assets call these) -------------------
@@ -239,7 +247,8 @@ def _planner(plan: PreparePlan, progress: Progress | None) -> BatchPlanner:
 
 def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,
                progress: Progress | None = None,
-               stop_at_model_failure: bool = True) -> PrepareResult:
+               stop_at_model_failure: bool = True,
+               model_progress: Callable[[Any], None] | None = None) -> PrepareResult:
     """Take in every change in order (``propose`` answers for each changed source), check the
     whole batch and apply it all or nothing; raises :class:`PrepareError`, nothing written.
 
@@ -250,7 +259,8 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
     whose model steps have all run already). Call inside the plan's session.
     """
     planner = take_in(plan, propose, progress=progress,
-                      stop_at_model_failure=stop_at_model_failure)
+                      stop_at_model_failure=stop_at_model_failure,
+                      model_progress=model_progress)
     batch, diff = planner.batch()
     plan.session.apply(batch)
     remember_written(plan, planner, batch)
@@ -284,12 +294,23 @@ def remember_written(plan: PreparePlan, planner: BatchPlanner, batch: Batch) -> 
 
 def take_in(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal], *,
             progress: Progress | None = None,
-            stop_at_model_failure: bool = True) -> BatchPlanner:
+            stop_at_model_failure: bool = True,
+            model_progress: Callable[[Any], None] | None = None) -> BatchPlanner:
     """Every change of the plan taken in and the whole batch checked, as :func:`apply_plan`
     does before it writes (same arguments): the planner holds the new curated files and
     manifest (``planner.batch()``: the file changes and their diff); raises
-    :class:`PrepareError`. Nothing is written."""
+    :class:`PrepareError`. Nothing is written.
+
+    ``model_progress`` hears ``PhaseProgress`` ``model calls``: 0 of N (the changed sources)
+    before the first call, then the count as each call returns (about every fiftieth of the
+    way in a large batch); a model failure that ends the batch ends it short of N. Nothing
+    when no source needs a call."""
     planner = _planner(plan, progress)
+    calls = phase_reporter(model_progress, *MODEL_CALLS)
+    total = len(plan.to_restructure()) if calls is not None else 0
+    if calls is not None and total:
+        calls(0, total)
+    called = 0
     problems = list(plan.problems)
     failed: SourceProposal | None = None
     not_attempted: list[str] = []
@@ -299,6 +320,9 @@ def take_in(plan: PreparePlan, propose: Callable[[SourceChange], SourceProposal]
                 not_attempted.append(change.path)
                 continue
             proposal = propose(change)
+            called += 1
+            if calls is not None:
+                calls(called, total)
             problems.extend(planner.restructure(change, proposal))
             if proposal.failure is not None and stop_at_model_failure:
                 failed = proposal

@@ -159,7 +159,9 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
         if runs.enabled():
             run_prepare = runs.run_prepare  # same contract, recorded in Dagster
         # --- end Dagster ----------------------------------------------------------------------
-        result = run_prepare(workspace_root, backend=backend, upgrade=upgrade, progress=progress)
+        with embedding_bar() as bar:  # a bar per phase: here the model calls
+            result = run_prepare(workspace_root, backend=backend, upgrade=upgrade,
+                                 progress=progress, model_progress=bar)
     except PrepareError as exc:
         refuse(str(exc), exc.problems, {"status": "failed", "model_calls": exc.model_calls,
                                         "not_attempted": exc.not_attempted}, as_json=as_json)

@@ -33,8 +33,9 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 def embedding_bar() -> Iterator[Callable[[Any], None]]:
     """A progress bar on stderr for the embedding of new fragments (the slow part of publishing
     a new corpus); the callback takes ``EmbeddingProgress``, and draws a bar of its own for each
-    other phase a ``PhaseProgress`` names (validation, upload, evaluation). Drawn only on a
-    terminal, and cleared when done: the command's own output stays as it is."""
+    other phase a ``PhaseProgress`` names (validation, upload, evaluation; prepare's model
+    calls). Drawn only on a terminal, and cleared when done: the command's own output stays as
+    it is."""
     if not stderr.is_terminal:
         yield lambda _progress: None
         return

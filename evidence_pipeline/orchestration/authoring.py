@@ -24,6 +24,7 @@ from pydantic import Field
 from evidence_pipeline.authoring.manifest import MANIFEST_NAME, empty_manifest, read_manifest
 from evidence_pipeline.authoring.planner import SourceProposal, SourceReport
 from evidence_pipeline.authoring.prepare import (
+    MODEL_CALLS,
     RESTRUCTURED,
     PreparePlan,
     PrepareResult,
@@ -53,6 +54,7 @@ from evidence_pipeline.orchestration.partitions import (
 )
 from evidence_pipeline.orchestration.progress import forward
 from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
+from evidence_pipeline.publishing.progress import PhaseProgress
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Severity, ValidationReport
 from evidence_pipeline.validation.validator import validate_corpus
@@ -210,6 +212,7 @@ class SourceStep:
     change: SourceChange
     request: Any  # ModelRequest
     backend: str | None
+    total: int = 1  # the run's model steps (changed sources), for the progress count
 
 
 @dataclass(frozen=True)
@@ -255,15 +258,37 @@ def plan_sources(context: dg.OpExecutionContext, config: PrepareConfig,
             yield dg.Output(BatchPlan(None, recovered, config.upgrade), output_name="plan")
             return
         plan = plan_prepare(session, upgrade=config.upgrade)
-        steps = [SourceStep(c, model_request(plan, c), config.backend)
-                 for c in plan.to_restructure()]
+        changed = plan.to_restructure()
+        steps = [SourceStep(c, model_request(plan, c), config.backend, len(changed))
+                 for c in changed]
     _log_hashes(context, plan)
+    if steps:
+        _model_calls(context, 0, len(steps))
     for step in steps:
         yield dg.DynamicOutput(step, mapping_key=mapping_key(step.change.path),
                                output_name="steps")
     yield dg.Output(BatchPlan(plan.fingerprint(), recovered, config.upgrade), output_name="plan",
                     metadata={k: dg.MetadataValue.int(v)
                               for k, v in _change_counts(plan).items()})
+
+
+def _model_calls(context: dg.OpExecutionContext, done: int, total: int) -> None:
+    """``model calls: done/total source(s)``: to a listening CLI always, into the run's log at
+    each tenth of the way (as the publication's phases, ``embedding_progress``)."""
+    progress = PhaseProgress(done, total, *MODEL_CALLS)
+    forward(progress)
+    if done in (0, total) or 10 * done // total > 10 * (done - 1) // total:
+        context.log.info(progress.line())
+
+
+def _model_steps_done(context: dg.OpExecutionContext) -> int:
+    """How many model steps of this run have succeeded so far (a step counts itself only once
+    it has returned): steps in other processes count too, so the count needs no shared state;
+    two parallel steps that finish at once may both see the same count."""
+    marker = f"{restructure_source.name}["
+    records = context.instance.get_records_for_run(
+        context.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS).records
+    return sum(1 for r in records if marker in (r.event_log_entry.step_key or ""))
 
 
 @dg.op(pool=POOL)
@@ -287,6 +312,7 @@ def restructure_source(context: dg.OpExecutionContext, step: SourceStep,
             tags=version_tags(_proposal_version(proposal), {"normalized_source": normalized})))
     else:
         context.log.warning(f"{key!r} has no valid partition key; no per-source record")
+    _model_calls(context, min(_model_steps_done(context) + 1, step.total), step.total)
     return proposal
 
 

@@ -123,15 +123,23 @@ def _failed_checks(result: Any) -> set[str]:
 
 
 def run_prepare(root: Path, *, backend: str | None = None, upgrade: bool = False,
-                progress: Callable[[Any], None] | None = None) -> PrepareResult:
-    """``prepare`` as the Dagster job ``prepare``; raises what :func:`prepare` raises."""
+                progress: Callable[[Any], None] | None = None,
+                model_progress: Callable[[Any], None] | None = None) -> PrepareResult:
+    """``prepare`` as the Dagster job ``prepare``; raises what :func:`prepare` raises
+    (``model_progress`` hears the model calls' count, as from :func:`prepare`)."""
     from evidence_pipeline.orchestration.authoring import applied_batch, plan_sources
     from evidence_pipeline.orchestration.jobs import prepare_job
+    from evidence_pipeline.publishing.progress import PhaseProgress
+
+    def heard(item: Any) -> None:
+        listener = model_progress if isinstance(item, PhaseProgress) else progress
+        if listener is not None:
+            listener(item)
 
     batch = applied_batch.node_def.name
     config = {"ops": {batch: {"ops": {plan_sources.name: {"config": {
         "upgrade": upgrade, "backend": backend}}}}}}
-    result, failures = _execute(prepare_job.name, root, config, progress)
+    result, failures = _execute(prepare_job.name, root, config, heard)
     if not result.success and not _applied(result):
         _raise_step_failure(result, failures)
     return result.output_for_node(batch)
