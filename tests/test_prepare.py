@@ -35,14 +35,14 @@ from evidence_pipeline.authoring.manifest import incompatible_version, read_mani
 from evidence_pipeline.authoring.prepare import MODEL_CALLS, PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.cli import common, main
-from evidence_pipeline.demo import git
+from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.publishing.progress import PhaseProgress
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import parse_unit
-from tests.helpers import commit, edit_demo, new_workspace
+from tests.helpers import commit, edit_demo, new_workspace, warm_demo
 
 PAZIENTE = """# Paziente
 
@@ -517,18 +517,23 @@ def _cli_prepare(ws: Path, **env: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.faults
-@pytest.mark.parametrize("step", BEFORE_COMMIT + AFTER_COMMIT)
-def test_kill_during_apply_never_leaves_a_mixed_tree(tmp_path: Path, step: str) -> None:
-    from evidence_pipeline.demo import create_demo_repo
-
-    ref = create_demo_repo(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def edit_applied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """The tree an uninterrupted prepare of the edited demo leaves: where every kill of the
+    same prepare must end (made once for the module's kill steps)."""
+    ref = warm_demo(create_demo_repo(tmp_path_factory.mktemp("kill-ref") / "ref"))
     edit_demo(ref)
     done = _cli_prepare(ref)
     assert done.returncode == 0, done.stderr
-    expected = tree_snapshot(ref)
+    return tree_snapshot(ref)
 
-    ws = create_demo_repo(tmp_path / "ws")
+
+@pytest.mark.faults
+@pytest.mark.parametrize("step", BEFORE_COMMIT + AFTER_COMMIT)
+def test_kill_during_apply_never_leaves_a_mixed_tree(tmp_path: Path, step: str,
+                                                     edit_applied: dict[str, bytes]) -> None:
+    expected = edit_applied
+    ws = warm_demo(create_demo_repo(tmp_path / "ws"))
     edit_demo(ws)
     before = tree_snapshot(ws)
     assert expected != before
