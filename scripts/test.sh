@@ -41,12 +41,16 @@ if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb
     echo "PostgreSQL could not be started; its registry tests will be skipped"
   fi
 fi
-# One worker per core (pytest-xdist); a test module stays on one worker, so the workspace its
-# module fixtures publish is built once. Modules are handed out in collection order, where
-# tests/conftest.py puts the slowest first (not xdist's default: most tests first, which left
-# the long Dagster UI module, 3 tests, for the end). `-n 0` runs everything in this process.
+# One worker per core and one more (pytest-xdist): much of the suite waits on processes it
+# started (the CLI, Dagster's webserver, kill trials) or on a lock, and a third worker keeps two
+# cores busy meanwhile (2 cores: 4 min 51 s with 2 workers, 3 min 59 s with 3, 4 min 5 s with
+# 4). A test module stays on one worker, so the workspace its module fixtures publish is built
+# once. Modules are handed out in collection order, where tests/conftest.py puts the slowest
+# first (not xdist's default: most tests first, which left the long Dagster UI module, 3
+# tests, for the end). `-n 0` after the script's name runs everything in this process.
 status=0
-.venv/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder "$@" || status=$?
+.venv/bin/python -m pytest -n "$(( $(nproc) + 1 ))" --dist loadfile --no-loadscope-reorder "$@" \
+  || status=$?
 pyright_status=0
 wait "$PYRIGHT_PID" || pyright_status=$?
 echo "pyright:"
