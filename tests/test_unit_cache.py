@@ -4,15 +4,20 @@ run reads the same report as a cold one, and a changed or broken file is always 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.publishing.evaluate import revision_evidence_dir, unit_kinds
+from evidence_pipeline.validation import validator
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.unit_cache import CACHE_NAME, UnitCache, blob_id
 from evidence_pipeline.validation.validator import load_units, validate_corpus, validate_workspace
 from evidence_runtime.workspace import load_workspace
+from tests.helpers import PublishedDemo, copy_workspace
 
 CURATED = "evidence/curated/enum/regime-sdo.md"
 
@@ -83,3 +88,29 @@ def test_a_corrupt_cache_is_ignored(demo_ws: Path) -> None:
     cold = _report(demo_ws)
     (demo_ws / ".tht" / CACHE_NAME).write_text("{not json", encoding="utf-8")
     assert _report(demo_ws) == cold
+
+
+def test_evaluation_takes_the_kinds_of_a_published_revision_from_the_cache(
+        published_demo: PublishedDemo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evaluating a generation reads the kind of every unit of its revision: from the entries
+    its publication's validation left in the cache, without parsing one curated file again."""
+    ws = load_workspace(copy_workspace(published_demo.ws, tmp_path / "ws"))
+    evidence_dir = revision_evidence_dir(ws, published_demo.revision)
+    parsed: list[str] = []
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def parse(*args: Any, **kwargs: Any) -> Any:
+            parsed.append(str(kwargs.get("path") or kwargs.get("display_path") or args[0]))
+            return real(*args, **kwargs)
+        return parse
+
+    monkeypatch.setattr(validator, "parse_curated", counted(validator.parse_curated))
+    monkeypatch.setattr(validator, "read_curated", counted(validator.read_curated))
+    kinds = unit_kinds(ws, evidence_dir)
+    assert len(kinds) == validate_workspace(ws.root).units == 80
+    assert set(kinds.values()) >= {"glossary", "enum", "mapping", "formula"}
+    assert parsed == []
+    # a file the cache does not know is parsed, and its kind is read from it
+    (ws.state_dir / CACHE_NAME).unlink()
+    assert unit_kinds(ws, evidence_dir) == kinds
+    assert len(parsed) == 80

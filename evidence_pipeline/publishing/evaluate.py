@@ -37,6 +37,7 @@ from pydantic import (
 from evidence_pipeline.gitrepo import materialize_revision
 from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
+from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_pipeline.validation.validator import load_units
 from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.index import EdgeIndex, IndexConfig, Match
@@ -337,10 +338,12 @@ def revision_evidence_dir(ws: Workspace, revision: str) -> Path:
 
 
 def unit_kinds(ws: Workspace, evidence_dir: Path) -> dict[str, str]:
-    """evidence id → kind of the curated units under ``evidence_dir``."""
+    """evidence id → kind of the curated units under ``evidence_dir``; a file whose bytes the
+    workspace's unit cache knows (publishing validated that revision) is not parsed again."""
     rels = corpus_files(evidence_dir, ws.config.evidence.patterns)
-    loaded, _ = load_units(evidence_dir, rels, shown_prefix="",
-                           sources=SourceReader(evidence_dir), check=False)
+    loaded, _ = load_units(evidence_dir, rels, shown_prefix=f"{ws.config.evidence.root}/",
+                           sources=SourceReader(evidence_dir), check=False,
+                           cache=UnitCache.in_state_dir(ws.state_dir))
     return {item.unit.id: item.unit.kind.value for item in loaded if item.unit}
 
 
