@@ -28,6 +28,22 @@ def demo_ws(tmp_path: Path) -> Path:
     return create_demo_repo(tmp_path / "ws")
 
 
+@pytest.fixture
+def parsed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The shown path of every curated file the validator parses (or reads and parses)."""
+    seen: list[str] = []
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def parse(*args: Any, **kwargs: Any) -> Any:
+            seen.append(str(kwargs.get("path") or kwargs.get("display_path") or args[0]))
+            return real(*args, **kwargs)
+        return parse
+
+    monkeypatch.setattr(validator, "parse_curated", counted(validator.parse_curated))
+    monkeypatch.setattr(validator, "read_curated", counted(validator.read_curated))
+    return seen
+
+
 def _report(ws: Path) -> list[str]:
     return sorted(str(p) for p in validate_workspace(ws).problems)
 
@@ -91,21 +107,11 @@ def test_a_corrupt_cache_is_ignored(demo_ws: Path) -> None:
 
 
 def test_evaluation_takes_the_kinds_of_a_published_revision_from_the_cache(
-        published_demo: PublishedDemo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        published_demo: PublishedDemo, tmp_path: Path, parsed: list[str]) -> None:
     """Evaluating a generation reads the kind of every unit of its revision: from the entries
     its publication's validation left in the cache, without parsing one curated file again."""
     ws = load_workspace(copy_workspace(published_demo.ws, tmp_path / "ws"))
     evidence_dir = revision_evidence_dir(ws, published_demo.revision)
-    parsed: list[str] = []
-
-    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
-        def parse(*args: Any, **kwargs: Any) -> Any:
-            parsed.append(str(kwargs.get("path") or kwargs.get("display_path") or args[0]))
-            return real(*args, **kwargs)
-        return parse
-
-    monkeypatch.setattr(validator, "parse_curated", counted(validator.parse_curated))
-    monkeypatch.setattr(validator, "read_curated", counted(validator.read_curated))
     kinds = unit_kinds(ws, evidence_dir)
     assert len(kinds) == validate_workspace(ws.root).units == 80
     assert set(kinds.values()) >= {"glossary", "enum", "mapping", "formula"}
@@ -114,3 +120,13 @@ def test_evaluation_takes_the_kinds_of_a_published_revision_from_the_cache(
     (ws.state_dir / CACHE_NAME).unlink()
     assert unit_kinds(ws, evidence_dir) == kinds
     assert len(parsed) == 80
+
+
+def test_a_malformed_file_is_parsed_once_per_validation(demo_ws: Path, parsed: list[str]) -> None:
+    """The cache's read of a file that is not a curated file already says why: validate reports
+    it without parsing the same bytes a second time (a hostile front matter costs seconds)."""
+    file = demo_ws / CURATED
+    file.write_text("---\ntitle: [a, b\n---\n\nTesto.\n", encoding="utf-8")
+    problems = validate_workspace(demo_ws).problems
+    assert [p.code for p in problems if p.path == CURATED] == ["front_matter_malformed"]
+    assert parsed.count(CURATED) == 1

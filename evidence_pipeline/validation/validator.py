@@ -74,8 +74,9 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
                                     f"(U+{ord(bad[0]):04X})"))
             loaded.append(LoadedUnit(rel, None, None))
             continue
-        key, doc = _cached(cache, file, shown)
+        key: str | None = None
         try:
+            key, doc = _cached(cache, file, shown)
             doc = doc or read_curated(file, display_path=shown)
         except UnitFormatError as exc:
             problems.append(Problem(exc.code, Severity.error, shown, None, exc.message))
@@ -112,9 +113,11 @@ def load_units(evidence_dir: Path, rel_paths: Iterable[str], *, shown_prefix: st
 def _cached(cache: UnitCache | None, file: Path, shown: str
             ) -> tuple[str | None, CuratedDocument | None]:
     """The cache key of ``file``'s bytes and, when known, the document they parse into; the
-    document is parsed here from the same bytes (so the key always matches what was read).
-    (None, None) without a cache, or when the file cannot be read: ``read_curated`` then reads
-    it and reports why."""
+    document is parsed here from the same bytes (so the key always matches what was read), and
+    bytes that are not a curated file raise the :class:`UnitFormatError` ``read_curated`` would
+    raise for them (a hostile file is parsed once, not twice). (None, None) without a cache, or
+    when the file cannot be read or is too large: ``read_curated`` then reads it and reports
+    why."""
     if cache is None:
         return None, None
     try:
@@ -127,10 +130,7 @@ def _cached(cache: UnitCache | None, file: Path, shown: str
     doc = cache.document(key)
     if doc is not None:
         return key, doc
-    try:
-        return key, parse_curated(decode_text(raw, path=shown), path=shown)
-    except UnitFormatError:
-        return None, None  # read again by read_curated, which reports it
+    return key, parse_curated(decode_text(raw, path=shown), path=shown)
 
 
 
