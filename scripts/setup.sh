@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install thoth-evidence with its test tools. Idempotent.
+#
+# The install runs through uv (installed from the registry into the venv): it downloads and
+# installs in parallel, a fresh set-up in ~11 s where pip takes ~37 s (2 cores, same packages
+# and versions). pip stays the fallback, for a registry uv cannot reach (uv does not read
+# pip.conf) or a uv that fails for any other reason: THT_SETUP_PIP=1 goes straight to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 LOG=$(mktemp)
-if ! .venv/bin/python -m pip install --quiet -e '.[dev,postgres]' >"$LOG" 2>&1; then
-  cat "$LOG" >&2
-  echo "setup failed: pip could not install thoth-evidence (log above)" >&2
-  rm -f "$LOG"
-  exit 1
+trap 'rm -f "$LOG"' EXIT
+installed=0
+if [ -z "${THT_SETUP_PIP:-}" ]; then
+  if { [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet uv >"$LOG" 2>&1; } \
+      && UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-60}" .venv/bin/uv pip install --quiet \
+         --python .venv/bin/python -e '.[dev,postgres]' >"$LOG" 2>&1; then
+    installed=1
+  else
+    echo "uv could not install thoth-evidence; installing with pip instead ($(tail -n 1 "$LOG"))" >&2
+  fi
 fi
-rm -f "$LOG"
+if [ "$installed" = 0 ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+  if ! .venv/bin/python -m pip install --quiet -e '.[dev,postgres]' >"$LOG" 2>&1; then
+    cat "$LOG" >&2
+    echo "setup failed: pip could not install thoth-evidence (log above)" >&2
+    exit 1
+  fi
+fi
 .venv/bin/python -c "import evidence_pipeline.cli, evidence_runtime" >/dev/null
