@@ -2,9 +2,11 @@
 # Create .venv (if missing) and install thoth-evidence with its test tools. Idempotent.
 #
 # The install runs through uv (installed from the registry into the venv): it downloads and
-# installs in parallel, a fresh set-up in ~11 s where pip takes ~37 s (2 cores, same packages
-# and versions). pip stays the fallback, for a registry uv cannot reach (uv does not read
-# pip.conf) or a uv that fails for any other reason: THT_SETUP_PIP=1 goes straight to it.
+# installs in parallel, a fresh set-up in ~18 s where pip takes ~37 s (2 cores, same packages
+# and versions). Like pip, it compiles the bytecode at install time: without it every process
+# the tests start compiles Dagster again (the suite took 5 min 17 s instead of 3 min 56 s).
+# pip stays the fallback, for a registry uv cannot reach (uv does not read pip.conf) or a uv
+# that fails for any other reason: THT_SETUP_PIP=1 goes straight to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -16,7 +18,7 @@ trap 'rm -f "$LOG"' EXIT
 installed=0
 if [ -z "${THT_SETUP_PIP:-}" ]; then
   if { [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet uv >"$LOG" 2>&1; } \
-      && UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-60}" .venv/bin/uv pip install --quiet \
+      && UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-60}" .venv/bin/uv pip install --quiet --compile-bytecode \
          --python .venv/bin/python -e '.[dev,postgres]' >"$LOG" 2>&1; then
     installed=1
   else
