@@ -16,6 +16,13 @@ fi
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 installed=0
+# the registry the environment names for pip is uv's too (pip.conf is pip's alone)
+if [ -n "${PIP_INDEX_URL:-}" ] && [ -z "${UV_DEFAULT_INDEX:-}" ]; then
+  export UV_DEFAULT_INDEX="$PIP_INDEX_URL"
+fi
+if [ -n "${PIP_EXTRA_INDEX_URL:-}" ] && [ -z "${UV_INDEX:-}" ]; then
+  export UV_INDEX="$PIP_EXTRA_INDEX_URL"
+fi
 if [ -z "${THT_SETUP_PIP:-}" ]; then
   if { [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet uv >"$LOG" 2>&1; } \
       && UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-60}" .venv/bin/uv pip install --quiet --compile-bytecode \
