@@ -3,6 +3,7 @@ open-file checks and the fault-scenario tables. Fixtures and hooks live in ``con
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -115,7 +116,13 @@ def dagster_home(tmp_path: Path) -> Path:
     return home
 
 
-_WARM_DEMO_CACHE: list[bytes] = []  # made once per process
+@functools.cache
+def _warm_demo_cache() -> bytes:
+    """The demo's units-cache.json after a first validate (once per process)."""
+    with tempfile.TemporaryDirectory(prefix="tht-warm-demo-") as tmp:
+        seed = create_demo_repo(Path(tmp) / "ws")
+        assert validate_workspace(seed).status.value == "publishable"
+        return (seed / STATE_DIR_NAME / CACHE_NAME).read_bytes()
 
 
 def warm_demo(ws: Path) -> Path:
@@ -127,13 +134,8 @@ def warm_demo(ws: Path) -> Path:
     has other bytes, so it is parsed and checked afresh; the cold path keeps its own tests
     (``test_unit_cache``, ``test_hostile``'s changed files, the workspaces made with
     ``create_demo_repo`` alone)."""
-    if not _WARM_DEMO_CACHE:
-        with tempfile.TemporaryDirectory(prefix="tht-warm-demo-") as tmp:
-            seed = create_demo_repo(Path(tmp) / "ws")
-            assert validate_workspace(seed).status.value == "publishable"
-            _WARM_DEMO_CACHE.append((seed / STATE_DIR_NAME / CACHE_NAME).read_bytes())
     ensure_state_dir(ws / STATE_DIR_NAME)
-    (ws / STATE_DIR_NAME / CACHE_NAME).write_bytes(_WARM_DEMO_CACHE[0])
+    (ws / STATE_DIR_NAME / CACHE_NAME).write_bytes(_warm_demo_cache())
     return ws
 
 
