@@ -50,6 +50,7 @@ from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
 from evidence_pipeline.validation.unit_cache import CACHE_NAME
 from evidence_pipeline.validation.validator import validate_workspace
+from evidence_runtime import yamlio
 from evidence_runtime.curated import MAX_CURATED_BYTES, read_curated
 from evidence_runtime.errors import EvidenceError, UnitFormatError
 from evidence_runtime.yamlio import load_rt
@@ -747,6 +748,53 @@ def test_generated_hostile_front_matter(ws: Path, scenario, text: str, code: str
     rel = _hostile_front_matter(ws, "generata.md", f"---\n{text}---\n\nTesto.\n".encode())
     with scenario("front matter"):
         problem(validate_refused(ws), code, path=rel)
+
+
+def _flow_list(n: int) -> str:
+    return "title: [" + ", ".join(["x"] * n) + "]\n"
+
+
+def test_too_many_nodes_are_refused_by_the_libyaml_count_before_ruamel_parses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(yamlio, "MAX_YAML_NODES", 2_000)
+    monkeypatch.setattr(yamlio, "FAST_COUNT_CHARS", 1_000)
+    # the mapping, its key and the sequence are nodes too: 2,001 nodes, and 2,000 (the limit)
+    too_many, fits = _flow_list(1_998), _flow_list(1_997)
+    refusals = []
+    for fast in (True, False):  # with libyaml's count, and with ruamel's check alone
+        if not fast:
+            monkeypatch.setattr(yamlio, "_FAST_LOADER", None)
+        with pytest.raises(UnitFormatError) as info:
+            load_rt(too_many, path="curated/x.md")
+        refusals.append((info.value.code, info.value.message, info.value.path))
+        assert len(load_rt(fits)["title"]) == 1_997
+    assert refusals[0] == refusals[1] == (
+        "yaml_forbidden_construct", "YAML document is too large", "curated/x.md")
+
+    monkeypatch.undo()
+    monkeypatch.setattr(yamlio, "MAX_YAML_NODES", 2_000)
+    monkeypatch.setattr(yamlio, "FAST_COUNT_CHARS", 1_000)
+
+    def no_ruamel() -> None:
+        raise AssertionError("ruamel parsed a text libyaml had counted too large")
+
+    monkeypatch.setattr(yamlio, "_loader", no_ruamel)
+    with pytest.raises(UnitFormatError, match="too large"):
+        load_rt(too_many)
+
+
+@pytest.mark.parametrize(("text", "code", "says"), [
+    # libyaml's count passes these; ruamel's own checks still refuse them
+    ("a: &x [1]\nb: *x\n" + "c: 1\n" * 5_000, "yaml_forbidden_construct", "anchors"),
+    ("a: !!python/object {}\n" + "c: 1\n" * 5_000, "yaml_forbidden_construct", "tag"),
+    ("c: 1\n" * 5_000 + "a: [\n", "front_matter_malformed", "line 5002"),
+], ids=["anchor", "tag", "malformed"])
+def test_a_long_text_the_count_lets_through_is_still_checked_by_ruamel(
+        text: str, code: str, says: str) -> None:
+    assert len(text) > yamlio.FAST_COUNT_CHARS
+    with pytest.raises(UnitFormatError) as info:
+        load_rt(text)
+    assert info.value.code == code and says in info.value.message, info.value.message
 
 
 # ---------------------------------------------------------------------------------------------
