@@ -30,6 +30,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import evidence_pipeline.authoring.prepare as prepare_module
+from evidence_pipeline.authoring.backends import reply_text
 from evidence_pipeline.authoring.backends.base import (
     ModelReply,
     ModelRequest,
@@ -1547,6 +1548,26 @@ def test_pi_reply_that_is_not_utf8_is_refused(ws: Path, scenario, use_backend, f
     use_backend(fake_pi(mode="reply", stdout_hex=bad.hex()))
     with scenario("model reply text"):
         refused_in_time(ws, "model_invalid_output")
+
+
+@pytest.mark.parametrize("backend", ["openai", "pi"])
+def test_an_answer_over_the_size_bound_is_refused(ws: Path, scenario, use_backend,
+                                                  openai_endpoint, fake_pi,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  backend: str) -> None:
+    touch_source(ws)
+    monkeypatch.setattr(reply_text, "MAX_REPLY_BYTES", 300)  # both backends read this bound
+    assert len(marked_reply().encode("utf-8")) > 300
+    if backend == "openai":
+        openai_endpoint.add(raw_body=completion(marked_reply()))
+        use_backend(OpenAIBackend(base_url=openai_endpoint.url, model="m", timeout_s=10))
+        says = "the endpoint answered more than 300 bytes"
+    else:
+        use_backend(fake_pi(mode="reply", stdout=marked_reply()))
+        says = "pi wrote more than 300 bytes"
+    with scenario("model reply size"):
+        found = problem(prepare_refused(ws), "model_invalid_output")
+    assert says in found["message"], found
 
 
 def test_intact_reply_is_accepted_by_both_backends(ws: Path, use_backend, openai_endpoint,

@@ -27,11 +27,14 @@ from evidence_pipeline.authoring.backends.base import (
     reply_json_schema,
     system_prompt,
 )
-from evidence_pipeline.authoring.backends.reply_text import decode_reply, read_reply
+from evidence_pipeline.authoring.backends.reply_text import (
+    check_reply_size,
+    decode_reply,
+    read_reply,
+)
 from evidence_runtime.errors import ConfigError
 
 DEFAULT_API_KEY_ENV = "THT_LLM_API_KEY"
-MAX_RESPONSE_BYTES = 8_000_000
 
 
 class OpenAISettings(BaseModel):
@@ -139,10 +142,7 @@ class OpenAIBackend:
             async for chunk in response.aiter_bytes():
                 chunks.append(chunk)
                 size += len(chunk)
-                if size > MAX_RESPONSE_BYTES:
-                    raise ModelBackendError(
-                        f"the endpoint answered more than {MAX_RESPONSE_BYTES} bytes",
-                        code="model_invalid_output", path=request.source_file)
+                check_reply_size(size, "the endpoint answered", path=request.source_file)
             return response.status_code, b"".join(chunks)
 
 

@@ -32,9 +32,11 @@ from evidence_pipeline.authoring.backends.base import (
     read_settings,
     system_prompt,
 )
-from evidence_pipeline.authoring.backends.reply_text import decode_reply, read_reply
-
-MAX_REPLY_BYTES = 8_000_000
+from evidence_pipeline.authoring.backends.reply_text import (
+    check_reply_size,
+    decode_reply,
+    read_reply,
+)
 
 # Flags that make one Pi call a plain, tool-less, stateless completion.
 PI_FLAGS: tuple[str, ...] = (
@@ -173,9 +175,7 @@ def _run_group(argv: list[str], stdin: bytes, *, cwd: str, env: dict[str, str],
         raise ModelBackendError(
             f"pi {how} after {time.monotonic() - started:.1f} s: {tail}",
             code="model_process_failed", path=source_file)
-    if len(out) > MAX_REPLY_BYTES:
-        raise ModelBackendError(f"pi wrote more than {MAX_REPLY_BYTES} bytes",
-                                code="model_invalid_output", path=source_file)
+    check_reply_size(len(out), "pi wrote", path=source_file)
     return decode_reply(out, path=source_file, what="pi's output")
 
 

@@ -20,6 +20,7 @@ from evidence_pipeline.authoring.backends.base import (
 from evidence_pipeline.validation.credentials import walk_strings
 
 REPLACEMENT = "\ufffd"
+MAX_REPLY_BYTES = 8_000_000  # the most either backend reads of one model answer
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -34,6 +35,14 @@ def decode_reply(data: bytes, *, path: str, what: str) -> str:
             f"{what} is not valid UTF-8 (byte(s) {bad} at offset {exc.start}); refused rather "
             "than written with replacement characters", code="model_invalid_output",
             path=path) from None
+
+
+def check_reply_size(size: int, what: str, *, path: str) -> None:
+    """Refuse an answer (or the part read so far) of more than :data:`MAX_REPLY_BYTES`;
+    ``what`` says who sent it."""
+    if size > MAX_REPLY_BYTES:
+        raise ModelBackendError(f"{what} more than {MAX_REPLY_BYTES} bytes",
+                                code="model_invalid_output", path=path)
 
 
 def read_reply(text: str, request: ModelRequest) -> ModelReply:
