@@ -48,6 +48,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, THT, git, log, machine, table
 
+from evidence_runtime.index.edge import copy_sparse
+
 # the suite's workspaces keep all state in their own .tht, and run the CLI without Dagster
 DROPPED_ENV = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL",
                "THT_WORKSPACE", "THT_FAULT_PUBLISH_STEP", "THT_FAULT_APPLY_STEP")
@@ -328,7 +330,7 @@ def preprocess_template(base: Path, checker: Checker
     if first.returncode != 0:
         raise RuntimeError(f"first preprocess failed: {first.stderr[-1500:]}")
     ref = base / "preprocess-reference"
-    shutil.copytree(ws, ref, symlinks=True)
+    shutil.copytree(ws, ref, symlinks=True, copy_function=copy_sparse)  # the shard's holes stay
     done = Run(["workspace", "preprocess", "evidence", str(ref), "--json"])
     elapsed = done.finish()
     if done.proc.returncode != 0:
@@ -347,7 +349,7 @@ def preprocess_trial(n: int, rng: random.Random, template: Path, before: dict[st
                      corpus: int, durations: list[float], gaps: dict[str, float],
                      checker: Checker, work: Path) -> Trial:
     ws = work / f"preprocess-{n}"
-    shutil.copytree(template, ws, symlinks=True)
+    shutil.copytree(template, ws, symlinks=True, copy_function=copy_sparse)
     proc = Run(["workspace", "preprocess", "evidence", str(ws), "--json"])
     if n % 2:  # anywhere in a run (its length: the median of the recent complete runs)
         time.sleep(rng.uniform(0.0, median(durations[-9:]) * 1.05))

@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.unit_cache import CACHE_NAME
 from evidence_pipeline.validation.validator import validate_workspace
+from evidence_runtime.index.edge import copy_sparse
 from evidence_runtime.workspace import STATE_DIR_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,13 +170,11 @@ def copy_workspace(src: Path, dest: Path) -> Path:
     """A private copy of a workspace: the same commits, and its .tht state (registry, Edge shard,
     vector cache, materialized revisions). Far cheaper than publishing again.
 
-    The Edge shard's files are mostly holes (about 1.4 MB used of 250 MB apparent): GNU ``cp``
-    keeps them holes, where ``shutil.copytree`` writes every byte (0.37 s and 4 MB a copy against
-    0.61 s and 254 MB)."""
-    if shutil.which("cp") and sys.platform.startswith("linux"):
-        subprocess.run(["cp", "-a", "--sparse=always", str(src), str(dest)], check=True)
-        return dest
-    return Path(shutil.copytree(src, dest, symlinks=True))
+    The Edge shard's files are mostly holes (about 1.4 MB used of 250 MB apparent): the
+    product's ``copy_sparse`` keeps them holes, as the evaluation's copy of a shard does (the
+    published demo: 0.06 s and 4.5 MB a copy; GNU ``cp --sparse=always`` took 0.07 s, a plain
+    ``shutil.copytree`` 0.61 s and 254 MB)."""
+    return Path(shutil.copytree(src, dest, symlinks=True, copy_function=copy_sparse))
 
 
 def held_open(root: Path) -> list[str]:

@@ -8,6 +8,8 @@ publisher's writer (``evidence_pipeline.publishing.index_writer``) extends :clas
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import time
 from collections.abc import Generator, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_LOCK_WAIT_S",
     "EDGE_CONFIG_FILE",
     "EdgeIndex",
+    "copy_sparse",
     "edge_filter",
     "edge_open_error",
     "shard_exists",
@@ -52,6 +55,7 @@ EDGE_CONFIG_FILE = "edge_config.json"
 # moment, and a short wait hides that from searchers instead of answering index_locked.
 DEFAULT_LOCK_WAIT_S = 5.0
 LOCK_POLL_S = 0.02
+_COPY_CHUNK = 1 << 20  # copy_sparse reads a data region in pieces of this size
 
 
 def edge_filter(match: Match) -> qe.Filter | None:
@@ -80,6 +84,39 @@ def edge_open_error(exc: Exception, path: Path, *, waited: float = 0.0) -> Index
 def shard_exists(path: Path) -> bool:
     """Whether a shard was created at ``path`` (the engine writes its configuration file)."""
     return (path / EDGE_CONFIG_FILE).is_file()
+
+
+def copy_sparse(src: str, dst: str) -> str:
+    """``shutil.copy2`` that writes only the data regions of ``src`` (found with ``SEEK_DATA`` /
+    ``SEEK_HOLE``) and leaves its holes holes; a plain copy where the system cannot tell."""
+    seek_data: int | None = getattr(os, "SEEK_DATA", None)
+    seek_hole: int | None = getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return shutil.copy2(src, dst)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fin.fileno(), pos, seek_data)
+            except OSError as exc:  # ENXIO: nothing but a hole after pos
+                if exc.errno == errno.ENXIO:
+                    break
+                raise
+            end = os.lseek(fin.fileno(), start, seek_hole)
+            fin.seek(start)
+            fout.seek(start)
+            left = end - start
+            while left > 0:
+                chunk = fin.read(min(left, _COPY_CHUNK))
+                if not chunk:
+                    break
+                fout.write(chunk)
+                left -= len(chunk)
+            pos = end
+        fout.truncate(size)
+    shutil.copystat(src, dst)
+    return dst
 
 
 def _hits(points: Sequence[qe.ScoredPoint]) -> list[Hit]:
@@ -208,9 +245,10 @@ class EdgeIndex(EvidenceIndex):
     def copy_to(self, dest: Path | str) -> None:
         """Copy the shard's files to ``dest`` (a new directory) while this process holds the
         shard, so nobody writes meanwhile: a private copy that another reader can open and
-        query at leisure while this one closes the shard at once."""
+        query at leisure while this one closes the shard at once. The shard's files are mostly
+        holes (the demo's: 1.4 MB of data in 250 MB): the copy keeps them holes."""
         self._live()
-        shutil.copytree(self.path, dest)
+        shutil.copytree(self.path, dest, copy_function=copy_sparse)
 
     def close(self) -> None:
         if self._closed:
