@@ -92,14 +92,17 @@ def _too_many_nodes(text: str) -> bool:
     if len(text) <= FAST_COUNT_CHARS or _FAST_LOADER is None:
         return False
     count = 0
-    parser: Any = _FAST_LOADER(text)  # what pyyaml.parse does, typed (its events are not)
+    try:
+        parser: Any = _FAST_LOADER(text)  # what pyyaml.parse does, typed (its events are not)
+    except UnicodeError:  # libyaml takes UTF-8: a lone surrogate cannot be encoded
+        return False
     try:
         while parser.check_event():
             if isinstance(parser.get_event(), _NODE_EVENTS):
                 count += 1
                 if count > MAX_YAML_NODES:
                     return True
-    except pyyaml.YAMLError:
+    except (pyyaml.YAMLError, UnicodeError):
         return False
     finally:
         parser.dispose()

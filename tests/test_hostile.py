@@ -789,7 +789,9 @@ def test_too_many_nodes_are_refused_by_the_libyaml_count_before_ruamel_parses(
     ("a: &x [1]\nb: *x\n" + "c: 1\n" * 5_000, "yaml_forbidden_construct", "anchors"),
     ("a: !!python/object {}\n" + "c: 1\n" * 5_000, "yaml_forbidden_construct", "tag"),
     ("c: 1\n" * 5_000 + "a: [\n", "front_matter_malformed", "line 5002"),
-], ids=["anchor", "tag", "malformed"])
+    # libyaml reads UTF-8: a lone surrogate cannot even reach it
+    ("a: \"\udce0\"\n" + "c: 1\n" * 5_000, "front_matter_malformed", "unacceptable character"),
+], ids=["anchor", "tag", "malformed", "lone-surrogate"])
 def test_a_long_text_the_count_lets_through_is_still_checked_by_ruamel(
         text: str, code: str, says: str) -> None:
     assert len(text) > yamlio.FAST_COUNT_CHARS
