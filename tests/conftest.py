@@ -13,6 +13,7 @@ byte lost fails the run) and how much embedding work the session did in this pro
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 from collections import Counter
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.publishing.embedding_cache import VectorCache
@@ -99,6 +101,17 @@ def published_demo_session(tmp_path_factory: pytest.TempPathFactory,
         assert pre.exit_code == 0, pre.stderr
     vector_store.keep(ws)
     return PublishedDemo(ws, head(ws), act.stdout, json.loads(pre.stdout), pre.stderr)
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    """The CLI's stderr made a 100-column terminal (where progress bars are drawn): what was
+    drawn on it."""
+    from evidence_pipeline.cli import common
+
+    drawn = io.StringIO()
+    monkeypatch.setattr(common, "stderr", Console(file=drawn, force_terminal=True, width=100))
+    return drawn
 
 
 @pytest.fixture

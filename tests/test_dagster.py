@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -455,18 +456,11 @@ def test_prepare_job_counts_its_model_calls_in_the_log_and_to_the_cli(demo_ws: P
 
 @pytest.mark.slow
 def test_cli_prepare_with_dagster_home_draws_the_model_calls_bar(
-        demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        demo_ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        terminal: io.StringIO) -> None:
     """Through the job, the CLI's bar hears the model steps' count (forwarded from the run);
     the per-source lines and the one JSON document stay where they were."""
-    import io
-
-    from rich.console import Console
-
-    from evidence_pipeline.cli import common
-
     add_note(demo_ws)
-    terminal = io.StringIO()
-    monkeypatch.setattr(common, "stderr", Console(file=terminal, force_terminal=True, width=100))
     monkeypatch.setenv("DAGSTER_HOME", str(dagster_home(tmp_path)))
     r = CliRunner().invoke(main, ["evidence", "prepare", str(demo_ws), "--backend",
                                   "structural", "--json"])

@@ -7,6 +7,7 @@ path; everything else (intake, ids, validation, the all-or-nothing apply, Git ch
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -34,7 +35,7 @@ from evidence_pipeline.authoring.curated_writer import render_body
 from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
 from evidence_pipeline.authoring.prepare import MODEL_CALLS, PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
-from evidence_pipeline.cli import common, main
+from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.publishing.progress import PhaseProgress
@@ -795,16 +796,10 @@ def test_structural_prepare_of_many_sources_counts_in_order_up_to_n(tmp_path: Pa
 
 
 def test_cli_prepare_draws_the_model_calls_bar_on_stderr_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, terminal: io.StringIO) -> None:
     """On a terminal the model calls are a bar on stderr; stdout keeps its one JSON document,
     and the per-source lines stay."""
-    import io
-
-    from rich.console import Console
-
     ws = make_ws(tmp_path, {"source/paziente.md": PAZIENTE, "source/ricovero.md": RICOVERO})
-    terminal = io.StringIO()
-    monkeypatch.setattr(common, "stderr", Console(file=terminal, force_terminal=True, width=100))
     r = CliRunner().invoke(main, ["evidence", "prepare", str(ws), "--backend", "structural",
                                   "--json"])
     assert r.exit_code == 0, r.output

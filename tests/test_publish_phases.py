@@ -10,7 +10,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from evidence_pipeline.cli import common
 from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
@@ -35,9 +34,7 @@ def test_a_phase_reports_its_start_its_end_and_at_most_fifty_steps_between() -> 
     assert all(isinstance(p, EmbeddingProgress) for p in heard)  # every listener hears it
 
 
-def test_the_cli_draws_a_bar_per_phase(monkeypatch: pytest.MonkeyPatch) -> None:
-    terminal = io.StringIO()
-    monkeypatch.setattr(common, "stderr", Console(file=terminal, force_terminal=True, width=100))
+def test_the_cli_draws_a_bar_per_phase(terminal: io.StringIO) -> None:
     with common.embedding_bar() as bar:
         bar(PhaseProgress(0, 40, "validating", "curated file(s)"))
         bar(PhaseProgress(40, 40, "validating", "curated file(s)"))
