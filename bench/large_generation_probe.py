@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import log, pct
+from _common import arguments, log, pct
 from large_generation import ACTIVE, MATCH, vectors
 from latency import REVISION, WID, edge_shard, eval_questions, synthetic_points
 
@@ -277,7 +277,7 @@ def filters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__, json_help=None)
     ap.add_argument("what", choices=("build", "probe", "shapes", "filters"))
     ap.add_argument("--dir", required=True, help="where the shard is kept")
     ap.add_argument("--other", help="shapes: a second kept shard (other --vectors)")

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, RESULTS, finish, log, machine, pct, peak_rss_mib, table
+from _common import REPO, RESULTS, arguments, finish, log, machine, pct, peak_rss_mib, table
 
 WID = "bench"
 REVISION = "b" * 40
@@ -397,10 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--embed-phase":
         embed_phase(int(sys.argv[2]), int(sys.argv[3]))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--fragments", type=int, action="append",
                     help="size(s) to measure (repeatable; default 1000, 10000, 100000)")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     ap.add_argument("--queries", type=int, default=200, help="timed queries per measure")
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of a throughput run")
     ap.add_argument("--real-vectors", type=int, default=1000,

@@ -16,7 +16,6 @@ evaluations (each must succeed). Exit status 1 when a search or an evaluation fa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, log, machine, pct, table
+from _common import REPO, arguments, log, machine, pct, table
 
 QUESTIONS = ["Quali pazienti sono minorenni?", "Cosa significa il codice di dimissione T?",
              "Come si calcola la durata della degenza?", "Quali accessi al pronto soccorso "
@@ -158,7 +157,7 @@ def main() -> int:
         ws, n, pause, go, out = sys.argv[2:7]
         searcher_process(Path(ws), int(n), float(pause), Path(go), Path(out))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = arguments(__doc__, json_help="the figures as one JSON document on stdout")
     parser.add_argument("--searches", type=int, default=40)
     parser.add_argument("--pause", type=float, default=0.05,
                         help="seconds between two searches (default 0.05)")
@@ -166,7 +165,6 @@ def main() -> int:
                         help="nightly evaluation runs at least (default 3)")
     parser.add_argument("--lock-wait", type=float, default=None,
                         help="index.lock_wait_s to write into thoth.yaml (default: unset)")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     for var in DROPPED_ENV:
         os.environ.pop(var, None)

@@ -12,7 +12,6 @@ each with its peak RSS; one more library run under tracemalloc gives the peak of
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    arguments,
     finish,
     git,
     italian_sentences,
@@ -69,12 +69,11 @@ def build(dest: Path, sources: int) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     if ran_as_phase(argv, phase):
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--sources", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3, help="no-op runs (the best is kept)")
     ap.add_argument("--no-tracemalloc", action="store_true",
                     help="skip the extra run under tracemalloc (Python allocation peak)")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="tht-noop-"))

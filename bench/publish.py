@@ -21,7 +21,6 @@ structural`, review items accepted, an evaluation.yaml, commit, activate.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -34,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    arguments,
     finish,
     git,
     italian_sentences,
@@ -160,12 +160,11 @@ def publish_three(root: Path, trace: bool) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     if ran_as_phase(argv, phase):
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("--units", type=int, default=2000, help="units of the synthetic corpus")
     ap.add_argument("--threads", type=int, default=2, help="embedding threads (thoth.yaml)")
     ap.add_argument("--tracemalloc", action="store_true",
                     help="also report the tracemalloc peak (slower; times then include it)")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     info = machine()
     work = Path(tempfile.mkdtemp(prefix="tht-publish-"))

