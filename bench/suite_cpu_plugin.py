@@ -1,6 +1,6 @@
 """pytest plugin of ``bench/suite_cpu.py``: each test's CPU seconds (setup, call and teardown),
-the worker's own and that of the processes it waited for, one JSON line a test in
-``$SUITE_CPU_OUT`` (appended to by every worker)."""
+the worker's own and that of the processes it waited for, with the worker's name and when the
+test ended, one JSON line a test in ``$SUITE_CPU_OUT`` (appended to by every worker)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
         user_after, system_after = _cpu()
         line = json.dumps({"id": item.nodeid, "user_s": user_after - user,
                            "sys_s": system_after - system,
-                           "wall_s": time.monotonic() - started})
+                           "wall_s": time.monotonic() - started,
+                           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                           "ended": time.time()})
         with open(os.environ["SUITE_CPU_OUT"], "a", encoding="utf-8") as out:
             out.write(line + "\n")  # one short write: lines of the workers do not interleave
