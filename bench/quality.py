@@ -431,7 +431,7 @@ def parse_weights(text: str) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = arguments(__doc__, json_help="only the summary document on stdout")
+    ap = arguments(__doc__)
     ap.add_argument("--check", action="store_true", help="only the dev set's own checks")
     ap.add_argument("--at", metavar="COMMIT|worktree",
                     help="measure the library frozen as committed at COMMIT, or as the working "
