@@ -160,7 +160,7 @@ def read_units(ws: Path) -> list[Unit]:
 def accept_review(units: list[Unit]) -> collections.Counter[str]:
     """The simulated curator: accepts every unit as proposed, i.e. clears its review items
     (the structural backend flags its fallback classifications). Text is never changed."""
-    from evidence_pipeline.authoring.curated_writer import dump_curated
+    from evidence_pipeline.formats.curated_writer import dump_curated
     from evidence_runtime.curated import read_curated
 
     cleared: collections.Counter[str] = collections.Counter()

@@ -36,7 +36,7 @@ MIN_PER_PROFILE, MIN_TOTAL, HOLDOUT_RANGE = 40, 120, (0.20, 0.30)
 
 @dataclass(frozen=True)
 class DevQuestion:
-    query: Any  # evidence_pipeline.publishing.evalset.EvalQuery
+    query: Any  # evidence_pipeline.formats.evalset.EvalQuery
     holdout: bool
 
     @property
@@ -48,7 +48,7 @@ def load_devset(path: Path = DEVSET) -> list[DevQuestion]:
     """The dev set: evaluation.yaml's schema plus an optional boolean ``holdout``."""
     from pydantic import ValidationError
 
-    from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet
+    from evidence_pipeline.formats.evalset import EvalQuery, EvaluationSet
     from evidence_runtime.yamlio import load_rt, to_plain
 
     data = to_plain(load_rt(path.read_text(encoding="utf-8"), path=str(path)))
@@ -250,7 +250,7 @@ def check_devset(questions: list[DevQuestion], corpus: dict[str, CorpusUnit],
 
 def main() -> int:
     from evidence_pipeline.demo import DEMO_SOURCE
-    from evidence_pipeline.publishing.evalset import read_evaluation
+    from evidence_pipeline.formats.evalset import read_evaluation
 
     evidence_dir = DEMO_SOURCE / "evidence"
     checked = check_devset(load_devset(), read_corpus(evidence_dir),

@@ -141,7 +141,7 @@ def dense_vectors(texts: list[str], *, real: int, cache: Path, threads: int) -> 
 
 def eval_questions() -> list[tuple[str, str, dict[str, Any]]]:
     """(question, purpose, context) of the demo's evaluation.yaml: real Italian questions."""
-    from evidence_pipeline.publishing.evalset import read_evaluation
+    from evidence_pipeline.formats.evalset import read_evaluation
 
     evalset = read_evaluation(DEMO / "evidence")
     return [(q.text, q.purpose.value, q.context) for q in evalset.queries]

@@ -79,7 +79,7 @@ def demo_workspace(dest: Path) -> Path:
 
 def synthetic_workspace(dest: Path, units: int, *, per_note: int = 20, threads: int) -> Path:
     """``units`` domain units in notes of ``per_note`` sections, prepared, reviewed, committed."""
-    from evidence_pipeline.authoring.curated_writer import dump_curated
+    from evidence_pipeline.formats.curated_writer import dump_curated
     from evidence_runtime.curated import read_curated
 
     rng = random.Random(5)
@@ -124,7 +124,7 @@ def synthetic_workspace(dest: Path, units: int, *, per_note: int = 20, threads: 
 
 def change_fragments(root: Path, fragments: int) -> int:
     """Edit the body of 1% of the units (at least one), spread evenly, and commit."""
-    from evidence_pipeline.authoring.curated_writer import dump_curated
+    from evidence_pipeline.formats.curated_writer import dump_curated
     from evidence_runtime.curated import read_curated
 
     files = sorted((root / "evidence" / "curated").rglob("*.md"))

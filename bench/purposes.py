@@ -80,7 +80,7 @@ def gate_yaml(units: Sequence[Any]) -> str:
 
 def purposes_before(units: Sequence[Any]) -> None:
     """Each unit's purposes as the backend gave them before the policy (fixed per kind)."""
-    from evidence_pipeline.authoring.curated_writer import dump_curated
+    from evidence_pipeline.formats.curated_writer import dump_curated
     from evidence_runtime.curated import read_curated
 
     for u in units:
@@ -119,8 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = arguments(__doc__, json_help=None)
     ap.add_argument("--holdout", action="store_true")
     args = ap.parse_args(argv)
-    from evidence_pipeline.authoring.normalize import canonical
     from evidence_pipeline.demo import DEMO_SOURCE
+    from evidence_pipeline.formats.normalize import canonical
     from evidence_runtime.curated import read_curated
 
     excerpts = {}

@@ -469,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     evidence_dir = DEMO_SOURCE / "evidence"
     questions = load_devset()
     corpus = read_corpus(evidence_dir)
-    from evidence_pipeline.publishing.evalset import read_evaluation
+    from evidence_pipeline.formats.evalset import read_evaluation
 
     checked = check_devset(questions, corpus,
                            [q.text for q in read_evaluation(evidence_dir).queries])

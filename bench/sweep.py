@@ -110,7 +110,7 @@ def load_corpus(name: str, *, holdout: bool) -> Corpus:
             DEMO_DIR.mkdir(parents=True)
             quality.publish_demo(DEMO_DIR)
         if name == "gate":  # the demo's 31-question gate (evaluation.yaml): must stay 31/31
-            from evidence_pipeline.publishing.evalset import read_evaluation
+            from evidence_pipeline.formats.evalset import read_evaluation
 
             cases = [quality.Case(q.id, q.text, q.purpose.value, q.context, q.expected,
                                   lambda r, e=frozenset(q.expected): r.evidence_id in e,
@@ -232,7 +232,7 @@ class Vectors:
 def build_shard(corpus: Corpus, variant: IndexVariant, vectors: Vectors) -> tuple[Any, Any, dict]:
     """A scratch Edge shard of the corpus's points for ``variant``; returns the index, its
     ``Bm25Settings`` and what it was built with."""
-    from evidence_pipeline.publishing.fragments import bm25_settings
+    from evidence_pipeline.formats.fragments import bm25_settings
     from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
     from evidence_runtime.index.base import Bm25Settings
 

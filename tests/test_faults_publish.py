@@ -55,8 +55,8 @@ import evidence_pipeline.authoring.apply as apply_module
 import evidence_pipeline.gitrepo as gitrepo_module
 import evidence_pipeline.publishing.embedding_cache as vector_cache_module
 import evidence_runtime
-from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.demo import create_demo_repo, git
+from evidence_pipeline.formats.manifest import read_manifest
 from evidence_pipeline.publishing.embedding_cache import cache_key
 from evidence_pipeline.publishing.index_writer import IndexPoint, ServerIndexWriter
 from evidence_pipeline.publishing.publish import (

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evidence_pipeline.authoring.curated_writer import dump_rt
 from evidence_pipeline.authoring.formulas import import_formulas, import_proposals
 from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.demo import LEGACY_FORMULAS
+from evidence_pipeline.formats.curated_writer import dump_rt
 from evidence_pipeline.publishing.publish import activate, preprocess
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext

@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 
 from evidence_pipeline.authoring import apply
-from evidence_pipeline.authoring.curated_writer import dump_curated
 from evidence_pipeline.authoring.formulas import (
     LEGACY_INCOMPATIBLE,
     PROPOSAL_AWAITING_REVIEW,
@@ -23,11 +22,12 @@ from evidence_pipeline.authoring.formulas import (
     import_proposals,
     read_proposals,
 )
-from evidence_pipeline.authoring.manifest import dump_manifest, read_manifest
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.cli import main
 from evidence_pipeline.cli.common import stdout
 from evidence_pipeline.demo import git
+from evidence_pipeline.formats.curated_writer import dump_curated
+from evidence_pipeline.formats.manifest import dump_manifest, read_manifest
 from evidence_pipeline.gitrepo import GitError
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.validation.corpus import sha256_bytes

@@ -40,7 +40,6 @@ from evidence_pipeline.authoring.backends.base import (
 )
 from evidence_pipeline.authoring.backends.openai import OpenAIBackend
 from evidence_pipeline.authoring.backends.pi import PiBackend, PiSettings
-from evidence_pipeline.authoring.curated_writer import dump_curated, dump_rt
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.authoring.sources import (
     MAX_SOURCE_BYTES,
@@ -49,6 +48,7 @@ from evidence_pipeline.authoring.sources import (
 )
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
+from evidence_pipeline.formats.curated_writer import dump_curated, dump_rt
 from evidence_pipeline.validation.unit_cache import CACHE_NAME
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime import yamlio

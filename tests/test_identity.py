@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from evidence_pipeline.authoring.ids import slugify
-from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import git
+from evidence_pipeline.formats.manifest import read_manifest
 from evidence_runtime.units import check_evidence_id
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted
 from tests.test_prepare import RICOVERO, commit, make_ws, status, tree_snapshot

@@ -11,9 +11,9 @@ from evidence_pipeline import markdown
 from evidence_pipeline.authoring.backends.base import ModelRequest
 from evidence_pipeline.authoring.backends.structural import StructuralBackend
 from evidence_pipeline.authoring.formulas import parse_legacy
-from evidence_pipeline.authoring.normalize import excerpt_in_source, normalize_text
+from evidence_pipeline.formats.fragments import body_pieces
+from evidence_pipeline.formats.normalize import excerpt_in_source, normalize_text
 from evidence_pipeline.markdown import BlockKind
-from evidence_pipeline.publishing.fragments import body_pieces
 
 # a fence holding a line that would close a fence of the other kind (or a shorter one)
 NESTED_FENCES = [
@@ -105,7 +105,7 @@ def test_an_empty_code_block_makes_no_unit() -> None:
 
 
 def test_a_table_is_cut_only_between_rows_even_without_outer_pipes() -> None:
-    from evidence_pipeline.publishing.fragments import AtomicTooLarge, build_fragments
+    from evidence_pipeline.formats.fragments import AtomicTooLarge, build_fragments
     from evidence_runtime.units import parse_unit
 
     unit = parse_unit({

@@ -17,8 +17,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.demo import git
+from evidence_pipeline.formats.manifest import read_manifest
 from evidence_pipeline.orchestration.authoring import (
     normalized_source,
     restructured_units,

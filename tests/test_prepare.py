@@ -31,12 +31,12 @@ from evidence_pipeline.authoring.backends.base import (
     ProposedUnit,
     RetirementProposal,
 )
-from evidence_pipeline.authoring.curated_writer import render_body
-from evidence_pipeline.authoring.manifest import incompatible_version, read_manifest
 from evidence_pipeline.authoring.prepare import MODEL_CALLS, PrepareError, prepare
 from evidence_pipeline.authoring.resolve import resolve
 from evidence_pipeline.cli import main
 from evidence_pipeline.demo import create_demo_repo, git
+from evidence_pipeline.formats.curated_writer import render_body
+from evidence_pipeline.formats.manifest import incompatible_version, read_manifest
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.publishing.progress import PhaseProgress
 from evidence_pipeline.validation.validator import validate_workspace

@@ -17,8 +17,8 @@ from evidence_pipeline import markdown
 from evidence_pipeline.authoring.backends.base import ModelRequest
 from evidence_pipeline.authoring.backends.structural import StructuralBackend
 from evidence_pipeline.authoring.ids import MAX_SLUG, assign_id, slugify
-from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source, normalize_text
-from evidence_pipeline.publishing.fragments import body_pieces
+from evidence_pipeline.formats.fragments import body_pieces
+from evidence_pipeline.formats.normalize import canonical, excerpt_in_source, normalize_text
 from evidence_runtime.query import EmptyQueryError, EvidenceSearchContext, render_query
 from evidence_runtime.units import ID_PREFIX, SLUG_RE, EvidenceKind, check_evidence_id
 

@@ -24,7 +24,7 @@ from qdrant_client import QdrantClient, models
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
 from evidence_pipeline.authoring.prepare import prepare
 from evidence_pipeline.demo import create_demo_repo
-from evidence_pipeline.publishing.fragments import (
+from evidence_pipeline.formats.fragments import (
     ATOMIC_TOO_LARGE,
     AtomicTooLarge,
     atomic_problems,
@@ -618,7 +618,7 @@ def _unit(kind: str, block: dict[str, Any], **extra: Any) -> Any:
 @pytest.mark.parametrize("limit", [4000, 1500, 800])
 def test_every_demo_fragment_fits_max_chunk_chars_and_keeps_atomic_pieces_whole(
         published: Published, limit: int) -> None:
-    from evidence_pipeline.publishing.fragments import typed_pieces
+    from evidence_pipeline.formats.fragments import typed_pieces
 
     _, loaded = validate_evidence_dir(published.ws / "evidence", patterns=["curated/**/*.md"])
     for item in loaded:

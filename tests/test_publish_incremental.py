@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evidence_pipeline.publishing.fragments import body_pieces
+from evidence_pipeline.formats.fragments import body_pieces
 from evidence_pipeline.validation.unit_cache import CACHE_NAME
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.workspace import load_workspace

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from evidence_pipeline.demo import git
-from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE
+from evidence_pipeline.formats.fragments import ATOMIC_TOO_LARGE
 from tests.helpers import cli, commit, edit
 
 pytestmark = pytest.mark.usefixtures("own_state")

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from evidence_pipeline.authoring.normalize import drop_embedded_data, normalize_text
 from evidence_pipeline.authoring.sources import (
     MAX_SOURCE_BYTES,
     MAX_TEXT_CHARS,
@@ -26,6 +25,7 @@ from evidence_pipeline.authoring.sources import (
     take_in,
 )
 from evidence_pipeline.demo import create_demo_repo
+from evidence_pipeline.formats.normalize import drop_embedded_data, normalize_text
 from evidence_pipeline.validation.rules import body_url_problems
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated

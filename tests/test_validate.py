@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from evidence_pipeline.authoring.curated_writer import dump_curated, dump_rt
-from evidence_pipeline.authoring.manifest import read_manifest
 from evidence_pipeline.cli import main
+from evidence_pipeline.formats.curated_writer import dump_curated, dump_rt
+from evidence_pipeline.formats.manifest import read_manifest
 from evidence_pipeline.validation.rules import (
     check_example_sql,
     check_formula_sql,

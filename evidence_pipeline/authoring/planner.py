@@ -17,15 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from evidence_pipeline.authoring.apply import Batch
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest
-from evidence_pipeline.authoring.curated_writer import (
+from evidence_pipeline.authoring.ids import assign_id
+from evidence_pipeline.authoring.relink import cite_source, copy_doc, relink_dropped_units
+from evidence_pipeline.authoring.session import ExistingUnit, evidence_rel
+from evidence_pipeline.authoring.sources import Change, SourceChange
+from evidence_pipeline.formats.curated_writer import (
     curated_relpath,
     document_from_unit,
     dump_curated,
     render_body,
     to_rt,
 )
-from evidence_pipeline.authoring.ids import assign_id
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.fragments import ATOMIC_TOO_LARGE, atomic_problems
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     RETIREMENT_CODE,
@@ -33,10 +37,6 @@ from evidence_pipeline.authoring.manifest import (
     SourceEntry,
     dump_manifest,
 )
-from evidence_pipeline.authoring.relink import cite_source, copy_doc, relink_dropped_units
-from evidence_pipeline.authoring.session import ExistingUnit, evidence_rel
-from evidence_pipeline.authoring.sources import Change, SourceChange
-from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader
 from evidence_pipeline.validation.problems import Problem, Severity
 from evidence_pipeline.validation.rules import (

@@ -26,8 +26,6 @@ from evidence_pipeline.authoring.backends.base import (
     PreviousUnit,
 )
 from evidence_pipeline.authoring.backends.factory import make_backend
-from evidence_pipeline.authoring.manifest import Manifest, empty_manifest
-from evidence_pipeline.authoring.normalize import normalize_text
 from evidence_pipeline.authoring.planner import (
     BatchPlanner,
     ModelFailure,
@@ -44,6 +42,8 @@ from evidence_pipeline.authoring.sources import (
     compare,
     intake,
 )
+from evidence_pipeline.formats.manifest import Manifest, empty_manifest
+from evidence_pipeline.formats.normalize import normalize_text
 from evidence_pipeline.gitrepo import committed_bytes_with_sha256
 from evidence_pipeline.publishing.progress import phase_reporter
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems

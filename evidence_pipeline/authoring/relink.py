@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest
-from evidence_pipeline.authoring.curated_writer import dump_curated
-from evidence_pipeline.authoring.manifest import Manifest, SourceEntry
-from evidence_pipeline.authoring.normalize import canonical
 from evidence_pipeline.authoring.sources import Change, SourceChange
+from evidence_pipeline.formats.curated_writer import dump_curated
+from evidence_pipeline.formats.manifest import Manifest, SourceEntry
+from evidence_pipeline.formats.normalize import canonical
 from evidence_runtime.curated import CuratedDocument, parse_curated
 
 if TYPE_CHECKING:

@@ -12,16 +12,16 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, ConfigDict
 
 from evidence_pipeline.authoring.apply import Batch
-from evidence_pipeline.authoring.curated_writer import dump_curated
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.authoring.relink import cite_source
+from evidence_pipeline.authoring.session import AuthoringSession
+from evidence_pipeline.authoring.sources import SourceError, read_source
+from evidence_pipeline.formats.curated_writer import dump_curated
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     RETIREMENT_CODE,
     SourceEntry,
     dump_manifest,
 )
-from evidence_pipeline.authoring.relink import cite_source
-from evidence_pipeline.authoring.session import AuthoringSession
-from evidence_pipeline.authoring.sources import SourceError, read_source
 from evidence_runtime.errors import ErrorCode, EvidenceError
 from evidence_runtime.units import check_evidence_id
 from evidence_runtime.workspace import load_workspace

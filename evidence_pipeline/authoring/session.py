@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from evidence_pipeline.authoring.apply import Batch, apply_batch, recover
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     Manifest,
     empty_manifest,

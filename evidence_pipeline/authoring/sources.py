@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
-from evidence_pipeline.authoring.manifest import Manifest
-from evidence_pipeline.authoring.normalize import drop_embedded_data, normalize_text
+from evidence_pipeline.formats.manifest import Manifest
+from evidence_pipeline.formats.normalize import drop_embedded_data, normalize_text
 from evidence_pipeline.validation.corpus import sha256_bytes
 from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError

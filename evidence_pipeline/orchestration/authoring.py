@@ -21,7 +21,6 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from evidence_pipeline.authoring.manifest import MANIFEST_NAME, empty_manifest, read_manifest
 from evidence_pipeline.authoring.planner import SourceProposal, SourceReport
 from evidence_pipeline.authoring.prepare import (
     MODEL_CALLS,
@@ -36,6 +35,7 @@ from evidence_pipeline.authoring.prepare import (
 )
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change, SourceChange, SourceError, compare, intake
+from evidence_pipeline.formats.manifest import MANIFEST_NAME, empty_manifest, read_manifest
 from evidence_pipeline.orchestration.metadata import (
     CURATORS,
     catalog,

@@ -22,7 +22,7 @@ from dagster._core.definitions.data_version import (
     get_input_event_pointer_tag,
 )
 
-from evidence_pipeline.authoring.manifest import PIPELINE_VERSION
+from evidence_pipeline.formats.manifest import PIPELINE_VERSION
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems

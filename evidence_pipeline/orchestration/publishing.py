@@ -25,6 +25,8 @@ from typing import Any
 
 import dagster as dg
 
+from evidence_pipeline.formats.evalset import read_evaluation
+from evidence_pipeline.formats.fragments import Fragment
 from evidence_pipeline.orchestration.authoring import POOL as AUTHORING_POOL
 from evidence_pipeline.orchestration.authoring import curated_corpus, validation_result
 from evidence_pipeline.orchestration.metadata import (
@@ -48,9 +50,7 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
-from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import EvaluationReport
-from evidence_pipeline.publishing.fragments import Fragment
 from evidence_pipeline.publishing.index_writer import IndexWriter
 from evidence_pipeline.publishing.publish import (
     Candidate,

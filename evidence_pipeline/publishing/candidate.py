@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence_pipeline.publishing.fragments import Fragment, bm25_settings
+from evidence_pipeline.formats.fragments import Fragment, bm25_settings
 from evidence_pipeline.publishing.guard import (
     FAULT_ENV,
     Progress,

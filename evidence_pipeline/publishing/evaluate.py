@@ -34,8 +34,8 @@ from pydantic import (
     model_serializer,
 )
 
+from evidence_pipeline.formats.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
 from evidence_pipeline.gitrepo import materialize_revision
-from evidence_pipeline.publishing.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_pipeline.validation.validator import load_units

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evidence_pipeline.formats.fragments import AtomicTooLarge, Fragment, build_fragments
 from evidence_pipeline.publishing.embedding_cache import (
     EmbeddingProgress,
     VectorCache,
     embed_with_cache,
 )
 from evidence_pipeline.publishing.evaluate import revision_evidence_dir
-from evidence_pipeline.publishing.fragments import AtomicTooLarge, Fragment, build_fragments
 from evidence_pipeline.publishing.guard import PublishError, named_problems
 from evidence_pipeline.publishing.index_writer import IndexWriter, open_index_writer
 from evidence_pipeline.publishing.progress import phase_reporter

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evidence_pipeline.formats.evalset import read_evaluation
+from evidence_pipeline.formats.fragments import Fragment
 from evidence_pipeline.publishing.activation import ActivationResult, activate
 from evidence_pipeline.publishing.candidate import (
     POINT_NAMESPACE,
@@ -43,9 +45,7 @@ from evidence_pipeline.publishing.candidate import (
     verify_generation,
 )
 from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
-from evidence_pipeline.publishing.evalset import read_evaluation
 from evidence_pipeline.publishing.evaluate import EvaluationReport
-from evidence_pipeline.publishing.fragments import Fragment
 from evidence_pipeline.publishing.gate import (
     GateFailed,
     activate_candidate,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from evidence_pipeline.authoring.normalize import normalize_text
+from evidence_pipeline.formats.normalize import normalize_text
 from evidence_runtime.curated import (
     CuratedDocument,
     decode_text,

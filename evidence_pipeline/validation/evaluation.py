@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from evidence_pipeline.publishing.evalset import EVALUATION_NAME, EvalQuery, Profile
+from evidence_pipeline.formats.evalset import EVALUATION_NAME, EvalQuery, Profile
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity
 from evidence_runtime.curated import decode_text

@@ -10,7 +10,7 @@ two letters or digits (a short table row such as "| M | F |", a code on its own 
 
 from __future__ import annotations
 
-from evidence_pipeline.authoring.normalize import canonical
+from evidence_pipeline.formats.normalize import canonical
 
 MIN_EXCERPT_CHARS = 8
 

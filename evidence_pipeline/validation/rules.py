@@ -16,13 +16,13 @@ import sqlglot
 from pydantic import ValidationError
 from sqlglot import exp
 
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
     incompatible_version,
 )
-from evidence_pipeline.authoring.normalize import excerpt_in_source
+from evidence_pipeline.formats.normalize import excerpt_in_source
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader
 from evidence_pipeline.validation.credentials import (
     credential_problems as credential_problems,

@@ -38,7 +38,8 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.fragments import Piece, body_pieces, known_pieces
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     PIPELINE_VERSION,
     Manifest,
@@ -47,7 +48,6 @@ from evidence_pipeline.authoring.manifest import (
     manifest_from_data,
     read_manifest,
 )
-from evidence_pipeline.publishing.fragments import Piece, body_pieces, known_pieces
 from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.problems import Problem
 from evidence_runtime.curated import (
@@ -63,9 +63,9 @@ CACHE_NAME = "units-cache.json"
 CACHE_FORMAT = 1
 # modules whose results an entry holds: a change to any of them empties the cache
 _FINGERPRINTED = (
-    "evidence_pipeline.authoring.manifest",
+    "evidence_pipeline.formats.manifest",
     "evidence_pipeline.markdown",
-    "evidence_pipeline.publishing.fragments",
+    "evidence_pipeline.formats.fragments",
     "evidence_runtime.curated",
     "evidence_runtime.units",
     "evidence_runtime.yamlio",

@@ -13,15 +13,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from evidence_pipeline.authoring.curated_writer import dump_rt
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.curated_writer import dump_rt
+from evidence_pipeline.formats.evalset import EVALUATION_NAME
+from evidence_pipeline.formats.fragments import ATOMIC_TOO_LARGE, atomic_problems
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     ManifestError,
     read_manifest,
 )
 from evidence_pipeline.gitrepo import GitError, ignored_paths
-from evidence_pipeline.publishing.evalset import EVALUATION_NAME
-from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE, atomic_problems
 from evidence_pipeline.validation.corpus import (
     LoadedUnit,
     SourceReader,

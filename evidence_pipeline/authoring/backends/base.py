@@ -58,7 +58,7 @@ class ModelRequest:
 
     source_file: str  # relative to evidence/, e.g. "source/10-domini-clinici/paziente.md"
     source_sha256: str  # "sha256:<hex>"
-    normalized_text: str  # evidence_pipeline.authoring.normalize.normalize_text of the source
+    normalized_text: str  # evidence_pipeline.formats.normalize.normalize_text of the source
     language: str  # unit language code, e.g. "it"
     previous_units: tuple[PreviousUnit, ...] = ()
     max_chunk_chars: int = 4000

@@ -11,23 +11,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from evidence_pipeline.authoring.apply import Batch
-from evidence_pipeline.authoring.curated_writer import (
+from evidence_pipeline.authoring.ids import assign_id
+from evidence_pipeline.authoring.session import AuthoringSession
+from evidence_pipeline.authoring.sources import Source, SourceError, check_rel_path
+from evidence_pipeline.authoring.sources import take_in as take_in_source
+from evidence_pipeline.formats.curated_writer import (
     curated_relpath,
     document_from_unit,
     dump_curated,
     render_body,
 )
-from evidence_pipeline.authoring.ids import assign_id
-from evidence_pipeline.authoring.manifest import (
+from evidence_pipeline.formats.manifest import (
     MANIFEST_NAME,
     Manifest,
     SourceEntry,
     dump_manifest,
 )
-from evidence_pipeline.authoring.normalize import excerpt_in_source
-from evidence_pipeline.authoring.session import AuthoringSession
-from evidence_pipeline.authoring.sources import Source, SourceError, check_rel_path
-from evidence_pipeline.authoring.sources import take_in as take_in_source
+from evidence_pipeline.formats.normalize import excerpt_in_source
 from evidence_pipeline.validation.corpus import SourceReader, sha256_bytes
 from evidence_pipeline.validation.problems import Problem, Severity, sort_problems
 from evidence_pipeline.validation.rules import (

@@ -9,7 +9,7 @@ from typing import Any
 from evidence_pipeline.authoring.backends.structural.refs import Refs
 from evidence_pipeline.authoring.backends.structural.roles import Piece
 from evidence_pipeline.authoring.backends.structural.text import first_words, unemph
-from evidence_pipeline.authoring.normalize import canonical
+from evidence_pipeline.formats.normalize import canonical
 from evidence_runtime.units import EvidenceKind
 
 K = EvidenceKind

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evidence_pipeline.authoring.backends.structural.roles import Piece
-from evidence_pipeline.authoring.normalize import excerpt_in_source
+from evidence_pipeline.formats.normalize import excerpt_in_source
 from evidence_runtime.units import MAX_EXCERPT_CHARS, MAX_EXCERPTS
 
 

@@ -9,7 +9,7 @@ from evidence_pipeline.authoring.backends.base import ModelRequest
 from evidence_pipeline.authoring.backends.structural.draft import Draft, K, key
 from evidence_pipeline.authoring.backends.structural.purposes import names_schema, policy_purposes
 from evidence_pipeline.authoring.backends.structural.text import add
-from evidence_pipeline.authoring.normalize import canonical, excerpt_in_source
+from evidence_pipeline.formats.normalize import canonical, excerpt_in_source
 
 
 def match_previous(drafts: list[Draft], request: ModelRequest

@@ -9,8 +9,8 @@ from evidence_pipeline.authoring.backends.structural.cues import AMBIGUITY
 from evidence_pipeline.authoring.backends.structural.draft import AMBIGUOUS, Draft, K
 from evidence_pipeline.authoring.backends.structural.roles import Piece
 from evidence_pipeline.authoring.backends.structural.text import URL
-from evidence_pipeline.authoring.normalize import canonical
-from evidence_pipeline.publishing.fragments import ATOMIC_TOO_LARGE
+from evidence_pipeline.formats.fragments import ATOMIC_TOO_LARGE
+from evidence_pipeline.formats.normalize import canonical
 
 
 def flag_ambiguity(piece: Piece, draft: Draft) -> None:

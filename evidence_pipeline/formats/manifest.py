@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evidence_pipeline.authoring.curated_writer import dump_rt
+from evidence_pipeline.formats.curated_writer import dump_rt
 from evidence_runtime.curated import decode_text, validation_messages
 from evidence_runtime.errors import ErrorCode, EvidenceError, UnitFormatError
 from evidence_runtime.units import EvidenceIds, Sha256, check_source_path
