@@ -1,7 +1,7 @@
 """Curated files: Markdown with a YAML front matter holding the whole unit contract (reading).
 
 ``read_curated`` → edit ``doc.front`` in place → the pipeline's ``dump_curated``
-(``evidence_pipeline.authoring.curated_writer``) changes only the edited lines; a load/save
+(``evidence_pipeline.formats.curated_writer``) changes only the edited lines; a load/save
 round trip is byte-identical for files in the house style.
 """
 

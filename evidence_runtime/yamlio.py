@@ -1,5 +1,5 @@
 """Reading YAML: round-trip data in one house style, so that load/save is byte-identical and
-diffs are minimal (the pipeline's writer, ``evidence_pipeline.authoring.curated_writer``, dumps
+diffs are minimal (the pipeline's writer, ``evidence_pipeline.formats.curated_writer``, dumps
 with the same :func:`make_yaml`).
 
 Front matter and workspace files are data, not programs: anchors, aliases and custom tags are
