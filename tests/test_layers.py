@@ -20,7 +20,7 @@ RANKS = {
     "formats": 2,
     "validation": 3,
     "authoring": 4, "publishing": 4,
-    "orchestration": 5, "definitions": 5,
+    "orchestration": 5, "definitions": 5, "review": 5,
     "cli": 6,
 }
 

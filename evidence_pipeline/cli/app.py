@@ -32,6 +32,7 @@ from evidence_pipeline.cli.common import (
     workspace_root,
 )
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
+from evidence_pipeline.cli.review import review_cmd
 from evidence_pipeline.cli.shared_records import (
     print_comparison,
     shared_records_after,
@@ -526,6 +527,7 @@ def demo_init(dest: Path, force: bool) -> None:
 
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)
+evidence.add_command(review_cmd)
 workspace.add_command(shared_records_cmd)
 
 

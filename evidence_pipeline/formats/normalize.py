@@ -192,3 +192,29 @@ def excerpt_in_source(excerpt: str, normalized_source: str) -> bool:
         if candidate and candidate in haystack:
             return True
     return False
+
+
+def excerpt_span(excerpt: str, normalized_source: str) -> tuple[int, int] | None:
+    """Where the excerpt stands in the (already normalized) source: ``(start, end)`` offsets
+    of ``normalized_source`` for the first match :func:`excerpt_in_source` would find, or
+    ``None``. A reviewer's page highlights the span in place."""
+    # the single-spaced haystack, and for each of its characters the source offset it came from
+    starts: list[int] = []
+    ends: list[int] = []
+    chars: list[str] = []
+    for m in re.finditer(r"\s+|\S+", normalized_source):
+        if m.group().isspace():
+            chars.append(" ")
+            starts.append(m.start())
+            ends.append(m.end())
+        else:
+            chars.extend(m.group())
+            starts.extend(range(m.start(), m.end()))
+            ends.extend(range(m.start() + 1, m.end() + 1))
+    haystack = "".join(chars)
+    light = unicodedata.normalize("NFC", _SPACES.sub(" ", excerpt))
+    for candidate in (canonical(excerpt), _WS.sub(" ", light).strip()):
+        at = haystack.find(candidate) if candidate else -1
+        if at >= 0:
+            return starts[at], ends[at + len(candidate) - 1]
+    return None
