@@ -55,6 +55,7 @@ from evidence_pipeline.orchestration.partitions import (
 from evidence_pipeline.orchestration.progress import forward
 from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
 from evidence_pipeline.publishing.progress import PhaseProgress
+from evidence_pipeline.review.build import review_path
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Severity, ValidationReport
 from evidence_pipeline.validation.validator import validate_corpus
@@ -186,11 +187,12 @@ def validated_units(restructured_units: SourceProposal,
                     workspace: WorkspaceResource) -> dg.Output[SourceReport]:
     """The proposal checked as a prepare of this source alone would: its units, their review
     items and the diff against the curated tree (nothing is written)."""
-    plan, _ = _plan_for(workspace.load(), restructured_units.path)
+    ws = workspace.load()
+    plan, _ = _plan_for(ws, restructured_units.path)
     planner, diff = preview_source(plan, restructured_units)
     report = next(r for r in planner.reports if r.path == restructured_units.path)
     return dg.Output(report, data_version=dg.DataVersion(_report_version(report)),
-                     metadata=preview_metadata(planner, report.path, diff))
+                     metadata=preview_metadata(planner, report.path, diff, review_path(ws)))
 
 
 # --- the batch: every changed source, then one all-or-nothing apply ------------------------------

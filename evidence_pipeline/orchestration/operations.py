@@ -10,6 +10,7 @@ same jobs in-process, gets the original error back (``Refusal.error``).
 import functools
 import inspect
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import dagster as dg
@@ -136,9 +137,12 @@ def preview_source(plan: PreparePlan, proposal: SourceProposal) -> tuple[BatchPl
     return planner, diff
 
 
-def preview_metadata(planner: BatchPlanner, path: str, diff: str) -> dict[str, Any]:
+def preview_metadata(planner: BatchPlanner, path: str, diff: str,
+                     review_page: Path | None = None) -> dict[str, Any]:
     """The proposed units of ``path`` (id, kind, title), their review items (code and
-    message) and the diff against the curated tree, as the UI shows them."""
+    message) and the diff against the curated tree, as the UI shows them; with
+    ``review_page``, a link to the page ``tht evidence review`` writes for the pending change
+    (each unit beside its source note, the questions whose rank it moves)."""
     report = next(r for r in planner.reports if r.path == path)
     docs = {doc.evidence_id: doc for doc in planner.outputs.values() if doc is not None}
     units: list[tuple[Any, ...]] = []
@@ -161,6 +165,12 @@ def preview_metadata(planner: BatchPlanner, path: str, diff: str) -> dict[str, A
         "review_items_text": dg.MetadataValue.md(
             table(("unit", "code", "message"), items) if items else "no review item"),
         "diff": diff_markdown(diff),
+        **({"review_page": dg.MetadataValue.url(review_page.as_uri()),
+            "review_page_how": dg.MetadataValue.md(
+                "written by `tht evidence review <root>` for the pending change of the work "
+                "tree (run it after `prepare`; "
+                + ("written" if review_page.is_file() else "not written yet") + ")")}
+           if review_page is not None else {}),
     }
 
 

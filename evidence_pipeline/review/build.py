@@ -266,7 +266,7 @@ def _unit_view(ws: Workspace, evidence_dir: Path, rel: str, item: LoadedUnit | N
                 text = f"({exc.message})"
             segments, views = source_segments(text, excerpts)
     return UnitView(
-        evidence_id=str(data.get("id") or (doc.evidence_id() if doc else None) or rel),
+        evidence_id=str(data.get("id") or (doc.evidence_id if doc else None) or rel),
         status=status, curated_path=f"{root}/{rel}", kind=str(data.get("kind", "")),
         title=str(data.get("title", "")), fields=fields, loose_items=loose,
         body=doc.body if doc is not None else "",
