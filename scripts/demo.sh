@@ -2,7 +2,8 @@
 # Set up (if needed) and run the main job on the demo workspace, offline:
 #   1. build the demo workspace (a real Git repository) and validate it;
 #   2. on a scratch copy, edit one note and add one, prepare (structural backend), show the diff;
-#   3. activate the reviewed revision, publish it (preprocess evidence: gate included), search.
+#   3. activate the reviewed revision, publish it (preprocess evidence: gate included), search;
+#   4. review the scratch copy's pending change: one static HTML page (tht evidence review).
 # Every step says how long it took; the first set-up shows the packages installed so far, and
 # publishing draws a progress bar while it embeds the fragments (on a terminal).
 set -euo pipefail
@@ -74,5 +75,12 @@ step "tht evidence evaluate $DEMO"
 step "tht evidence search: a question from a workflow stage"
 "$THT" evidence search "$DEMO" "Quali pazienti sono minorenni?" --purpose sql_generation --table clinical.patient --limit 3
 "$THT" evidence search "$DEMO" "Cosa significa il codice di dimissione T?" --purpose disambiguation --kind enum --limit 2
+
+step "tht evidence review $SCRATCH: the pending change as one HTML page (scratch evaluation, nothing published)"
+# the vector cache is keyed by model and text: the published demo's vectors spare the scratch
+# copy embedding its unchanged fragments again
+mkdir -p "$SCRATCH/.tht" && cp "$DEMO/.tht/vectors.sqlite3" "$SCRATCH/.tht/vectors.sqlite3"
+"$THT" evidence review "$SCRATCH"
+echo "open it with: $THT evidence review $SCRATCH --open  (or any browser)"
 took
 printf '\n\033[1mdemo finished in %dm%02ds\033[0m\n' "$(((SECONDS - STARTED) / 60))" "$(((SECONDS - STARTED) % 60))"

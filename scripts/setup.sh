@@ -46,3 +46,5 @@ fi
 # processes: 49.3 → 45.8 s of CPU.
 .venv/bin/python -m compileall -q -j 0 evidence_runtime evidence_pipeline tests bench
 .venv/bin/python -c "import evidence_pipeline.cli, evidence_runtime" >/dev/null
+# the command is in the virtual environment, not on PATH: say where (the README's bare `tht`)
+echo "tht: $PWD/.venv/bin/tht (not on PATH: run \`source .venv/bin/activate\` for a bare \`tht\`, or call it by this path)"

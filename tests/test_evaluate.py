@@ -141,6 +141,15 @@ def test_the_human_report_says_whether_a_baseline_is_saved(clone: Path) -> None:
         "no baseline saved (tht evidence evaluate --save-baseline)")
     saved = cli("evidence", "evaluate", str(clone), "--save-baseline")
     assert saved.exit_code == 0, saved.output
+    # it says once what it did (before: "no baseline saved" and then "baseline saved")
+    assert "no baseline saved" not in saved.stdout
+    assert saved.stdout.splitlines()[-1] == (
+        f"baseline saved: {clone / '.tht' / 'evaluation-baseline.json'}")
+    again = cli("evidence", "evaluate", str(clone), "--save-baseline")
+    assert again.stdout.splitlines()[-2:] == [
+        "regressions against the baseline: none",
+        f"baseline saved (replacing the previous one): "
+        f"{clone / '.tht' / 'evaluation-baseline.json'}"]
     after = cli("evidence", "evaluate", str(clone))
     assert after.stdout.splitlines()[-1] == "regressions against the baseline: none"
     assert evaluate_json(clone)["regressions"] == []

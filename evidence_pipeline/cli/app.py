@@ -31,6 +31,7 @@ from evidence_pipeline.cli.common import (
     user_errors,
     workspace_root,
 )
+from evidence_pipeline.cli.excerpts import excerpt_lines
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
 from evidence_pipeline.cli.review import review_cmd
 from evidence_pipeline.cli.shared_records import (
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from evidence_pipeline.publishing.evaluate import EvaluationReport
 
 F = TypeVar("F", bound=Callable[..., Any])
+ID_PREFIX = "evidence:"  # every evidence id's; the evaluation table leaves it out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -358,14 +360,18 @@ def _could_not_run(exc: EvidenceError, *, as_json: bool) -> None:
     fail(str(exc), EXIT_ERROR)
 
 
-def print_evaluation(report: EvaluationReport) -> None:
-    """The evaluation table: per query hits, the three ranks of each expected unit and why an
-    expected unit is not in the fused top 10."""
+def print_evaluation(report: EvaluationReport, *, saving_baseline: bool = False) -> None:
+    """The evaluation table, readable at 80 columns: per query its hits and, for each expected
+    unit, its rank in the dense, BM25 and fused lists (``d/b/f``); then why each expected unit
+    outside the fused top 10 is there. ``saving_baseline``: the caller saves this report as
+    the baseline (so a missing one is not reported)."""
     table = Table(title=f"evaluation — generation {report.generation}, revision "
-                        f"{report.revision[:12]}", header_style="bold")
-    for col in ("query", "profile", "purpose", "@5", "@10", "expected", "dense", "bm25",
-                "fused", "missed because"):
-        table.add_column(col, overflow="fold")
+                        f"{report.revision[:12]}", header_style="bold", box=None,
+                  pad_edge=False)
+    for col in ("query", "purpose", "@5", "@10"):
+        table.add_column(col, no_wrap=True)
+    table.add_column(f"expected {ID_PREFIX}…", overflow="fold")
+    table.add_column("rank d/b/f", no_wrap=True)  # dense / BM25 / fused
 
     def r(v: int | None) -> str:
         return "–" if v is None else str(v)
@@ -373,12 +379,12 @@ def print_evaluation(report: EvaluationReport) -> None:
     for q in report.queries:
         for i, (eid, ranks) in enumerate(q.ranks.items()):
             first = i == 0
-            table.add_row(q.id if first else "", q.profile.value if first else "",
-                          q.purpose.value if first else "",
+            missed = f"[yellow]{escape(eid.removeprefix(ID_PREFIX))}[/]" if eid in q.misses \
+                else escape(eid.removeprefix(ID_PREFIX))
+            table.add_row(q.id if first else "", q.purpose.value if first else "",
                           ("✓" if q.hit_at_5 else "✗") if first else "",
                           ("[green]✓[/]" if q.hit_at_10 else "[red]✗[/]") if first else "",
-                          eid, r(ranks.dense), r(ranks.bm25), r(ranks.fused),
-                          miss.reason if (miss := q.misses.get(eid)) else "")
+                          missed, f"{r(ranks.dense)}/{r(ranks.bm25)}/{r(ranks.fused)}")
     stdout.print(table)
     for qid, eid, miss in report.misses():
         stdout.print(f"[yellow]missed[/] {qid} {escape(eid)}: {miss.reason} "
@@ -390,7 +396,8 @@ def print_evaluation(report: EvaluationReport) -> None:
                  f"{', '.join(s.missed_kinds) or 'none'}; queries without results: "
                  f"{', '.join(s.empty_queries) or 'none'}")
     if report.regressions is None:
-        stdout.print("no baseline saved (tht evidence evaluate --save-baseline)")
+        if not saving_baseline:
+            stdout.print("no baseline saved (tht evidence evaluate --save-baseline)")
     elif report.regressions:
         stdout.print(f"[red]regressions against the baseline[/]: "
                      f"{', '.join(report.regressions)}")
@@ -430,9 +437,10 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
     if as_json:
         emit_json(report.model_dump(mode="json"))
     else:
-        print_evaluation(report)
+        print_evaluation(report, saving_baseline=save_baseline)
         if save_baseline:
-            stdout.print(f"baseline saved: {baseline_path(ws.state_dir)}")
+            replaced = " (replacing the previous one)" if report.regressions is not None else ""
+            stdout.print(f"baseline saved{replaced}: {baseline_path(ws.state_dir)}")
     if not report.gate_passed:
         sys.exit(EXIT_PROBLEMS)
 
@@ -452,7 +460,9 @@ def _per_element(flag: str, dest: str, help_text: str) -> Callable[[F], F]:
 @workspace_root
 @click.argument("question")
 @click.option("--purpose", required=True,
-              type=click.Choice([p.value for p in EvidencePurpose]))
+              type=click.Choice([p.value for p in EvidencePurpose]),
+              help="The workflow stage asking (see the purposes above); only units "
+                   "published for this purpose are searched.")
 @_per_element("--{0}", "{0}s", "{1} known to the stage: added to the query text, filters nothing.")
 @click.option("--kind", "kinds", multiple=True,
               type=click.Choice([k.value for k in EvidenceKind]),
@@ -467,6 +477,13 @@ def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str,
            required_tables: tuple[str, ...], required_columns: tuple[str, ...],
            required_concepts: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Search the active generation as a workflow stage would (read-only).
+
+    \b
+    Purposes (spec §11.2: the stage that asks, and what it needs):
+      disambiguation  clarification (F1): what a term, a code or a value means
+      rewriting       rewriting (F3): the question restated in the warehouse's terms
+      schema_linking  schema linking (F4): which tables and columns hold it
+      sql_generation  cte and final_sql (F6, F7): formulas, filters, joins to compute it
 
     --table/--column/--concept are context hints rendered into the query text (spec §9.6);
     --kind and --require-* are binding constraints (spec §10), applied as filters.
@@ -495,8 +512,7 @@ def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str,
         for i, r in enumerate(outcome.results, 1):
             stdout.print(f"\n[bold]{i}. {escape(r.title)}[/]  [dim]{r.evidence_id} · {r.kind} · "
                          f"score {r.score:.4f}[/]")
-            excerpt = r.excerpts[0] if r.excerpts else ""
-            for line in excerpt.splitlines()[:8]:
+            for line in excerpt_lines(r.excerpts[0] if r.excerpts else "", question):
                 stdout.print(f"   {escape(line)}")
             stdout.print(f"   [cyan]cita:[/] {escape(r.citation)}")
     if not outcome.available:
