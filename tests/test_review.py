@@ -189,6 +189,20 @@ def test_review_text_output_names_the_page_and_an_unknown_base_is_one_line(
     assert "0 new, 0 changed, 0 removed unit(s), 0 other file(s); corpus publishable" \
         in nothing.stdout
     assert f"page: {review_path_of(demo_ws)}" in nothing.stdout
+    # a change already committed: reviewed against the revision before it
+    note = demo_ws / "evidence" / TRIAGE
+    note.write_text(note.read_text(encoding="utf-8") + f"\n{ROW}\n", encoding="utf-8")
+    assert cli("evidence", "prepare", str(demo_ws), "--json").exit_code == 0
+    git(demo_ws, "add", "-A")
+    git(demo_ws, "commit", "-qm", "triage: nero, prepared")
+    assert cli("evidence", "review", str(demo_ws), "--json",
+               "--no-evaluation").stdout.count('"status": "changed"') == 0
+    committed = cli("evidence", "review", str(demo_ws), "--base", "HEAD~1", "--json",
+                    "--no-evaluation")
+    assert committed.exit_code == 0, committed.output
+    doc = json.loads(committed.stdout)
+    assert [(u["evidence_id"], u["status"]) for u in doc["units"]] == [(TRIAGE_UNIT, "changed")]
+    assert doc["evaluation"] is None and doc["evaluation_error"] is None
     wrong = cli("evidence", "review", str(demo_ws), "--base", "no-such-branch")
     assert wrong.exit_code != 0
     assert "unknown Git revision 'no-such-branch'" in wrong.stderr
@@ -206,7 +220,9 @@ def test_the_dagster_preview_links_to_the_review_page(demo_ws: Path) -> None:
     event = instance.get_latest_materialization_event(dg.AssetKey("validated_units"))
     assert event is not None and event.asset_materialization is not None
     meta = event.asset_materialization.metadata
-    assert meta["review_page"] == dg.MetadataValue.url(review_path_of(demo_ws).as_uri())
+    page = review_path_of(demo_ws)
+    assert meta["review_page"] == dg.MetadataValue.url(page.as_uri())
+    assert meta["review_page_path"] == dg.MetadataValue.path(str(page))
     assert "tht evidence review" in meta["review_page_how"].value
 
 

@@ -166,6 +166,8 @@ def preview_metadata(planner: BatchPlanner, path: str, diff: str,
             table(("unit", "code", "message"), items) if items else "no review item"),
         "diff": diff_markdown(diff),
         **({"review_page": dg.MetadataValue.url(review_page.as_uri()),
+            # a browser may refuse a file: link from the UI's http page: the path to open
+            "review_page_path": dg.MetadataValue.path(str(review_page)),
             "review_page_how": dg.MetadataValue.md(
                 "written by `tht evidence review <root>` for the pending change of the work "
                 "tree (run it after `prepare`; "
