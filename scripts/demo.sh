@@ -81,6 +81,6 @@ step "tht evidence review $SCRATCH: the pending change as one HTML page (scratch
 # copy embedding its unchanged fragments again
 mkdir -p "$SCRATCH/.tht" && cp "$DEMO/.tht/vectors.sqlite3" "$SCRATCH/.tht/vectors.sqlite3"
 "$THT" evidence review "$SCRATCH"
-echo "open it with: $THT evidence review $SCRATCH --open  (or any browser)"
+echo "open the page above in a browser (or add --open to the review)"
 took
 printf '\n\033[1mdemo finished in %dm%02ds\033[0m\n' "$(((SECONDS - STARTED) / 60))" "$(((SECONDS - STARTED) % 60))"
