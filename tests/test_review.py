@@ -264,3 +264,23 @@ def test_the_page_escapes_what_notes_and_units_say() -> None:
                          evaluation_error=hostile))
     assert "<script" not in html and "<img" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8
+
+
+def test_open_hands_the_page_to_the_browser_and_a_broken_evaluation_set_is_said(
+        demo_ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import webbrowser
+
+    opened: list[str] = []
+    monkeypatch.setattr(webbrowser, "open", lambda url, *a, **k: opened.append(url) or True)
+    note = demo_ws / "evidence" / TRIAGE
+    note.write_text(note.read_text(encoding="utf-8") + f"\n{ROW}\n", encoding="utf-8")
+    (demo_ws / "evidence" / "evaluation.yaml").write_text("queries: [", encoding="utf-8")
+    result = cli("evidence", "review", str(demo_ws), "--open")
+    assert result.exit_code == 0, result.output
+    assert opened == [review_path_of(demo_ws).as_uri()]
+    assert "scratch evaluation could not run" in result.stdout
+    assert "evaluation.yaml" in result.stdout
+    page = review_path_of(demo_ws).read_text(encoding="utf-8")
+    assert 'id="eval-error"' in page and "evaluation.yaml" in page
+    # a note edited and not prepared yet is a changed file of its own, with its diff
+    assert "evidence/source/20-enum/triage.md" in page

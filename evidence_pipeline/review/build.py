@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence_pipeline.formats.evalset import EvaluationSet, read_evaluation
-from evidence_pipeline.formats.normalize import excerpt_span, normalize_text
+from evidence_pipeline.formats.normalize import excerpt_span
 from evidence_pipeline.gitrepo import ignored_paths, resolve_revision
 from evidence_pipeline.publishing.candidate import build_candidate
 from evidence_pipeline.publishing.evaluate import (
@@ -30,7 +30,7 @@ from evidence_pipeline.publishing.evaluate import (
 from evidence_pipeline.publishing.gate import CachedQueries
 from evidence_pipeline.publishing.guard import open_registry
 from evidence_pipeline.publishing.intake import cut_fragments, embed_fragments, open_target_index
-from evidence_pipeline.validation.corpus import LoadedUnit, corpus_files
+from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
 from evidence_pipeline.validation.problems import ValidationReport
 from evidence_pipeline.validation.validator import validate_corpus
 from evidence_runtime.curated import decode_text
@@ -258,13 +258,12 @@ def _unit_view(ws: Workspace, evidence_dir: Path, rel: str, item: LoadedUnit | N
     segments: list[Segment] = []
     views = [ExcerptView(e, False) for e in excerpts]
     if isinstance(source_file, str):
-        src = evidence_dir / source_file
-        if src.is_file():
-            try:
-                text = normalize_text(decode_text(src.read_bytes()))
-            except EvidenceError as exc:
-                text = f"({exc.message})"
-            segments, views = source_segments(text, excerpts)
+        # the note as the validator reads it (normalized): the excerpts are found in that text
+        read = SourceReader(evidence_dir).get(source_file)
+        if isinstance(read, str):  # why it cannot be read
+            segments = [Segment(f"({read})")]
+        else:
+            segments, views = source_segments(read[1], excerpts)
     return UnitView(
         evidence_id=str(data.get("id") or (doc.evidence_id if doc else None) or rel),
         status=status, curated_path=f"{root}/{rel}", kind=str(data.get("kind", "")),
