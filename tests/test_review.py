@@ -223,7 +223,7 @@ def test_the_dagster_preview_links_to_the_review_page(demo_ws: Path) -> None:
     page = review_path_of(demo_ws)
     assert meta["review_page"] == dg.MetadataValue.url(page.as_uri())
     assert meta["review_page_path"] == dg.MetadataValue.path(str(page))
-    assert "tht evidence review" in meta["review_page_how"].value
+    assert "tht evidence review" in str(meta["review_page_how"].value)
 
 
 # --- pieces --------------------------------------------------------------------------------------
