@@ -327,22 +327,23 @@ class BatchPlanner:
         :mod:`~evidence_pipeline.authoring.merge`); a new unit, or one without a known base,
         as proposed. A model backend's proposal is recorded as the base of the next merge."""
         structural = backend == "structural"
-        if backend is not None and not structural:
-            self.last_proposals().record(eid, request.source_sha256, proposed)
+        recorded = backend is not None and not structural
+        base: Side | None = None
         old = self.existing.get(eid)
+        if recorded:
+            if old is not None:
+                prov = old.doc.data().get("provenance") or {}
+                base = self.last_proposals().base(eid, str(prov.get("source_sha256", "")))
+            self.last_proposals().record(eid, request.source_sha256, proposed)
         if old is None or eid not in request.allowed_ids:
             return proposed
         theirs, ours = proposed_side(proposed), curated_side(old.doc)
         if theirs == ours:
             return proposed
-        base: Side | None = None
         if structural:
             if request.source_file not in self._bases:
                 self._bases[request.source_file] = structural_bases(request)
             base = match_base(theirs, self._bases[request.source_file])
-        elif backend is not None:
-            prov = old.doc.data().get("provenance") or {}
-            base = self.last_proposals().base(eid, str(prov.get("source_sha256", "")))
         if base is None:
             return proposed
         merged = merge_unit(base, ours, theirs, normalized_text=request.normalized_text)
