@@ -17,6 +17,7 @@ To measure another checkout (e.g. main before the merge), put its code first on 
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import sys
@@ -86,7 +87,7 @@ def edit_source(text: str, edit: str) -> str | None:
         lines[i] = lines[i].rstrip() + " Il dato è controllato ogni mese dal referente."
         return "\n".join(lines)
     if edit == "reorder-list":
-        for a, b in zip(items, items[1:], strict=False):
+        for a, b in itertools.pairwise(items):
             if b == a + 1:
                 lines[a], lines[b] = lines[b], lines[a]
                 return "\n".join(lines)
@@ -187,9 +188,7 @@ def run(limit: int | None) -> dict[str, Any]:
             except PrepareError as exc:
                 refused += 1
                 log(f"  refused: {sc.source} {sc.edit}: {exc}")
-                for eid, fields in wanted.items():
-                    for field in fields:
-                        outcome["refused"] += 1
+                outcome["refused"] += sum(len(fields) for fields in wanted.values())
                 continue
             found = False
             for eid, fields in wanted.items():
