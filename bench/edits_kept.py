@@ -18,6 +18,7 @@ To measure another checkout (e.g. main before the merge), put its code first on 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shutil
 import sys
@@ -34,6 +35,7 @@ from _common import arguments, finish, git, log, machine, table
 EDITS = ("add-row", "fix-typo", "add-sentence", "reorder-list")
 CURATOR_NOTE = "Nota del curatore: verificato con il referente del dato."
 CURATOR_CONCEPT = "concetto curato"
+ADDED = "Il dato è controllato ogni mese dal referente."
 FIELDS = ("title", "concepts", "meaning", "purposes", "body")
 # the merge_conflict review item field that reports a lost curator edit of each kind
 REPORTED_BY = {"title": ("title",), "concepts": ("applies_to",), "meaning": ("enum", "kind"),
@@ -46,8 +48,9 @@ class Scenario:
     edit: str
 
 
-def edit_source(text: str, edit: str) -> str | None:
-    """The note after one small edit of ``edit``'s kind, or None when it has no place for it."""
+def edit_source(text: str, edit: str) -> tuple[str, str | None] | None:
+    """The note after one small edit of ``edit``'s kind and the text that edit brings (None for
+    a reorder), or None when the note has no place for it."""
     lines = text.split("\n")
     fence = False
     prose: list[int] = []
@@ -71,7 +74,7 @@ def edit_source(text: str, edit: str) -> str | None:
         cells = [c.strip() for c in lines[last].strip().strip("|").split("|")]
         new = ["ZZ"] + ["valore aggiunto"] * (len(cells) - 1)
         lines.insert(last + 1, "| " + " | ".join(new) + " |")
-        return "\n".join(lines)
+        return "\n".join(lines), "ZZ"
     if edit == "fix-typo" and prose:
         for i in prose:
             words = [m for m in re.finditer(r"\b[a-zà-ù]{7,}\b", lines[i])]
@@ -80,17 +83,17 @@ def edit_source(text: str, edit: str) -> str | None:
                 w = m.group(0)
                 fixed = w[:-3] + w[-2] + w[-3] + w[-1]  # two letters swapped
                 lines[i] = lines[i][:m.start()] + fixed + lines[i][m.end():]
-                return "\n".join(lines)
+                return "\n".join(lines), fixed
         return None
     if edit == "add-sentence" and prose:
         i = prose[0]
-        lines[i] = lines[i].rstrip() + " Il dato è controllato ogni mese dal referente."
-        return "\n".join(lines)
+        lines[i] = lines[i].rstrip() + f" {ADDED}"
+        return "\n".join(lines), ADDED
     if edit == "reorder-list":
         for a, b in itertools.pairwise(items):
             if b == a + 1:
                 lines[a], lines[b] = lines[b], lines[a]
-                return "\n".join(lines)
+                return "\n".join(lines), None
     return None
 
 
@@ -156,7 +159,8 @@ def run(limit: int | None) -> dict[str, Any]:
         for path, entry in sorted(manifest.sources.items()):
             text = (ev / path).read_text(encoding="utf-8")
             for edit in EDITS:
-                if entry.units and edit_source(text, edit) not in (None, text):
+                edited = edit_source(text, edit)
+                if entry.units and edited is not None and edited[0] != text:
                     scenarios.append(Scenario(path, edit))
         if limit:
             scenarios = scenarios[:limit]
@@ -168,6 +172,9 @@ def run(limit: int | None) -> dict[str, Any]:
         scenarios_with_conflicts = 0
         refused = 0
         lost: list[dict[str, Any]] = []
+        # the text a source edit brings: in a unit (field, body or a conflict's message) or not
+        source_change: Counter[str] = Counter()
+        invisible: list[dict[str, Any]] = []
         started = time.perf_counter()
         for n, sc in enumerate(scenarios, 1):
             git(ws, "reset", "-q", "--hard", base)
@@ -180,8 +187,9 @@ def run(limit: int | None) -> dict[str, Any]:
                 f.write_text(dump_curated(doc), encoding="utf-8")
             git(ws, "commit", "-qam", "curator edits")
             src = ev / sc.source
-            src.write_text(edit_source(src.read_text(encoding="utf-8"), sc.edit) or "",
-                           encoding="utf-8")
+            edited = edit_source(src.read_text(encoding="utf-8"), sc.edit)
+            assert edited is not None
+            src.write_text(edited[0], encoding="utf-8")
             git(ws, "commit", "-qam", f"{sc.edit} in {sc.source}")
             try:
                 prepare(ws, backend="structural")
@@ -191,6 +199,19 @@ def run(limit: int | None) -> dict[str, Any]:
                 outcome["refused"] += sum(len(fields) for fields in wanted.values())
                 continue
             found = False
+            seen: list[str] = []  # what the source's units say, and what their conflicts say
+            after = read_manifest(ev)
+            assert after is not None
+            for eid in after.sources[sc.source].units:
+                if eid in files and files[eid].exists():
+                    d = read_curated(files[eid])
+                    seen.append(json.dumps(d.data(), ensure_ascii=False) + d.body)
+            if edited[1] is not None:
+                text_seen = "\n".join(seen)
+                arrived = edited[1] in text_seen.replace('\\"', '"')
+                source_change["arrived" if arrived else "not visible"] += 1
+                if not arrived:
+                    invisible.append({"source": sc.source, "edit": sc.edit})
             for eid, fields in wanted.items():
                 doc = read_curated(files[eid]) if files[eid].exists() else None
                 data = doc.data() if doc is not None else {}
@@ -235,6 +256,9 @@ def run(limit: int | None) -> dict[str, Any]:
             "by_field": {f: dict(c) for f, c in by_field.items()},
             "by_edit": {e: dict(c) for e, c in by_edit.items()},
             "silent_losses": lost,
+            "source_change_arrived": source_change["arrived"],
+            "source_change_not_visible": source_change["not visible"],
+            "source_changes_not_visible": invisible,
             "seconds": round(seconds, 1),
         }
     finally:
@@ -248,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(args.limit)
     summary = {k: doc[k] for k in ("scenarios", "curator_edits", "kept", "reported",
                                    "silently_lost", "refused", "kept_share",
-                                   "merge_conflict_items", "scenarios_with_conflicts")}
+                                   "merge_conflict_items", "scenarios_with_conflicts",
+                                   "source_change_arrived", "source_change_not_visible")}
 
     def human() -> str:
         rows = [[f, c.get("kept", 0), c.get("reported", 0), c.get("silently lost", 0)]
@@ -262,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 + f"\nkept {doc['kept_share']:.1%}; {doc['merge_conflict_items']} merge_conflict "
                   f"item(s) in {doc['scenarios_with_conflicts']} scenario(s) "
                   f"{doc['merge_conflicts_by_field']}; prepare refused {doc['refused']}; "
+                  f"the text a source edit brings (reorders aside) is in a unit or a "
+                  f"conflict's message in {doc['source_change_arrived']} scenario(s), not "
+                  f"visible in {doc['source_change_not_visible']}; "
                   f"{doc['seconds']} s")
 
     return finish("edits_kept.json", doc, summary, human, args.json)
