@@ -93,8 +93,8 @@ def test_a_conflicting_change_is_a_review_item_naming_the_field(demo_ws: Path) -
     assert data["enum"]["values"]["2"] == "arancione - urgenza"
     by_field = {i["field"]: i["message"] for i in merge_items(data)}
     assert set(by_field) >= {"title", "enum.values.1"}
-    assert "Codici colore del triage" in by_field["title"]
-    assert "'rosso vivo'" in by_field["enum.values.1"] and "'rosso'" in by_field["enum.values.1"]
+    assert "added “del” after “Codici colore”" in by_field["title"]
+    assert "added “vivo” after “rosso”" in by_field["enum.values.1"]
     blocked = {(p.evidence_id, p.field) for p in validate_workspace(demo_ws).problems}
     assert ("evidence:codice-colore-triage", "title") in blocked
 
@@ -170,6 +170,7 @@ def test_a_model_change_of_a_curated_field_is_a_conflict_only_with_a_base(
         if recorded:
             assert data["title"] == "Pazienti in età pediatrica"
             [item] = merge_items(data)
-            assert item["field"] == "title" and "'Età pediatrica'" in item["message"]
+            assert item["field"] == "title"
+            assert "“Fascia” became “Età”" in item["message"]
         else:
             assert data["title"] == "Età pediatrica" and merge_items(data) == []

@@ -21,6 +21,7 @@ until a curator decides). No base known: the backend's unit is taken as it is (a
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ from evidence_runtime.units import MAX_EXCERPTS
 MERGE_CONFLICT = "merge_conflict"
 LAST_PROPOSALS = "last-proposals.json"
 _SHOWN = 160  # characters of a value shown in a conflict's message
+_PARTS = 6  # changes listed in a body conflict's message
 
 _MISSING: Any = object()
 
@@ -98,7 +100,7 @@ def strip_title(body: str, title: str) -> str:
 
 def merge_unit(base: Side, ours: Side, theirs: Side, *, normalized_text: str) -> MergeResult:
     """Merge one unit; excerpts are kept only where they are still in ``normalized_text``."""
-    conflicts: list[tuple[str, Any, Any, Any]] = []
+    conflicts: list[tuple[str, str]] = []  # (field, what the source change did to it)
     data: dict[str, Any] = {}
     for name in ("title", "purposes", "applies_to"):
         value = _merge(base.data.get(name, _MISSING), ours.data.get(name, _MISSING),
@@ -119,7 +121,7 @@ def merge_unit(base: Side, ours: Side, theirs: Side, *, normalized_text: str) ->
     else:
         data["kind"], data[kinds[1]] = kinds[1], o_block
         if (kinds[2], t_block) != (kinds[1], o_block):
-            conflicts.append(("kind", kinds[0], kinds[1], f"{kinds[2]} ({_short(t_block)})"))
+            conflicts.append(("kind", _kind_change(kinds, b_block, t_block)))
     data["supporting_excerpts"] = _merge_excerpts(
         base.data.get("supporting_excerpts") or [], ours.data.get("supporting_excerpts") or [],
         theirs.data.get("supporting_excerpts") or [], normalized_text)
@@ -138,7 +140,7 @@ def merge_unit(base: Side, ours: Side, theirs: Side, *, normalized_text: str) ->
 
 
 def _merge(base: Any, ours: Any, theirs: Any, path: str,
-           conflicts: list[tuple[str, Any, Any, Any]]) -> Any:
+           conflicts: list[tuple[str, str]]) -> Any:
     if ours == theirs or theirs == base:
         return ours
     if ours == base:
@@ -155,7 +157,7 @@ def _merge(base: Any, ours: Any, theirs: Any, path: str,
         return out
     if isinstance(ours, list) and isinstance(theirs, list):
         return _merge_list(base if isinstance(base, list) else [], ours, theirs)
-    conflicts.append((path, base, ours, theirs))
+    conflicts.append((path, _change(base, theirs)))
     return ours
 
 
@@ -201,17 +203,48 @@ def _lines(text: str) -> str:
 
 
 def _text_change(before: str, after: str) -> str:
+    """What changed from ``before`` to ``after``, word by word within changed lines, with a
+    few words of context (bounded)."""
     old, new = before.splitlines(), after.splitlines()
-    gone = [line for line in old if line not in new and line.strip()]
-    came = [line for line in new if line not in old and line.strip()]
-    parts = []
-    if came:
-        parts.append("Added: " + " / ".join(_short(x) for x in came[:5])
-                     + (f" (+{len(came) - 5} more)" if len(came) > 5 else ""))
-    if gone:
-        parts.append("Removed: " + " / ".join(_short(x) for x in gone[:5])
-                     + (f" (+{len(gone) - 5} more)" if len(gone) > 5 else ""))
-    return "; ".join(parts) + "." if parts else "The change is in the line breaks."
+    parts: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "replace" and i2 - i1 == j2 - j1:
+            for a, b in zip(old[i1:i2], new[j1:j2], strict=True):
+                parts.extend(_word_change(a, b))
+            continue
+        parts.extend(f"removed line {_quote(line)}" for line in old[i1:i2] if line.strip())
+        parts.extend(f"added line {_quote(line)}" for line in new[j1:j2] if line.strip())
+    if not parts:
+        return "The change is in the line breaks."
+    shown = parts[:_PARTS]
+    more = f" (and {len(parts) - _PARTS} more)" if len(parts) > _PARTS else ""
+    return "Source change: " + "; ".join(shown) + more + "."
+
+
+def _word_change(a: str, b: str) -> list[str]:
+    wa, wb = a.split(), b.split()
+    out: list[str] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, wa, wb,
+                                                       autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        context = " ".join(wa[max(0, i1 - 4):i1])
+        at = f" after {_quote(context)}" if context else " at the start of a line"
+        if tag == "insert":
+            out.append(f"added {_quote(' '.join(wb[j1:j2]))}{at}")
+        elif tag == "delete":
+            out.append(f"removed {_quote(' '.join(wa[i1:i2]))}{at}")
+        else:
+            out.append(f"{_quote(' '.join(wa[i1:i2]))} became {_quote(' '.join(wb[j1:j2]))}"
+                       f"{at}")
+    return out
+
+
+def _quote(text: str) -> str:
+    return f"“{_short(text)}”"
 
 
 def _short(value: Any) -> str:
@@ -220,14 +253,34 @@ def _short(value: Any) -> str:
     return text if len(text) <= _SHOWN else text[:_SHOWN - 1] + "…"
 
 
-def _conflict_item(path: str, base: Any, ours: Any, theirs: Any) -> dict[str, str]:
-    def shown(v: Any) -> str:
-        return "(none)" if v is _MISSING else repr(_short(v)) if isinstance(v, str) \
-            else _short(v)
+def _change(base: Any, theirs: Any) -> str:
+    """What the source change did to a value: word by word for texts, else from → to."""
+    if isinstance(base, str) and isinstance(theirs, str):
+        return _text_change(base, theirs).removeprefix("Source change: ").rstrip(".")
 
+    def shown(v: Any) -> str:
+        return "(none)" if v is _MISSING else _quote(v) if isinstance(v, str) else _short(v)
+
+    return f"from {shown(base)} to {shown(theirs)}"
+
+
+def _kind_change(kinds: tuple[str, str, str], base: Any, theirs: Any) -> str:
+    """What the source change did where the curator chose another kind."""
+    if kinds[2] != kinds[0]:
+        return f"it now makes the unit a {kinds[2]} (was {kinds[0]}): {_short(theirs)}"
+    b = base if isinstance(base, dict) else {}
+    t = theirs if isinstance(theirs, dict) else {}
+    changed = [f"{kinds[0]}.{k}: {_change(b.get(k, _MISSING), t.get(k, _MISSING))}"
+               for k in [*t, *(k for k in b if k not in t)]
+               if b.get(k, _MISSING) != t.get(k, _MISSING)]
+    return f"it changed the {kinds[0]} derived from the note, which the curator made a " \
+           f"{kinds[1]} ({'; '.join(changed)})"
+
+
+def _conflict_item(path: str, change: str) -> dict[str, str]:
     return {"code": MERGE_CONFLICT, "field": path, "message":
-            f"the curated value {shown(ours)} is kept, but the source change also changed it: "
-            f"from {shown(base)} to {shown(theirs)}; decide, then remove this item"}
+            f"the curated value is kept, but the source change also changed {path}: {change}; "
+            "decide, then remove this item"}
 
 
 # --- the base: what the backend derived from the source as it was --------------------------
