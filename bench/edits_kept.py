@@ -202,9 +202,9 @@ def run(limit: int | None) -> dict[str, Any]:
             seen: list[str] = []  # what the source's units say, and what their conflicts say
             after = read_manifest(ev)
             assert after is not None
-            for eid in after.sources[sc.source].units:
-                if eid in files and files[eid].exists():
-                    d = read_curated(files[eid])
+            for eid in after.sources[sc.source].units:  # new units included
+                for f in (ev / "curated").glob(f"*/{eid.removeprefix('evidence:')}.md"):
+                    d = read_curated(f)
                     seen.append(json.dumps(d.data(), ensure_ascii=False) + d.body)
             if edited[1] is not None:
                 text_seen = "\n".join(seen)
