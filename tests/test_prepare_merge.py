@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from evidence_pipeline.authoring.merge import LAST_PROPOSALS, MERGE_CONFLICT
+from evidence_pipeline.authoring.merge import LAST_PROPOSALS, MERGE_CONFLICT, Side, merge_unit
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.curated import read_curated
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted
@@ -174,3 +174,45 @@ def test_a_model_change_of_a_curated_field_is_a_conflict_only_with_a_base(
             assert "“Fascia” became “Età”" in item["message"]
         else:
             assert data["title"] == "Età pediatrica" and merge_items(data) == []
+
+
+def test_merge_rules_field_by_field() -> None:
+    """The rules on one enum unit: maps key by key (a value the note dropped goes unless the
+    curator changed it), lists as sets in the curated order, excerpts as the note has them
+    now, the body line by line; each conflict named once."""
+    text = "| A | uno |\n| B | due |\n| C | tre |\nNota nuova.\n"
+
+    def side(title: str, values: dict[str, str], purposes: list[str], excerpts: list[str],
+             body: str) -> Side:
+        return Side({"title": title, "kind": "enum", "purposes": purposes,
+                     "applies_to": {"concepts": ["x"], "tables": [], "columns": []},
+                     "enum": {"column": "s.t.c", "values": values},
+                     "supporting_excerpts": excerpts, "review_items": []}, body)
+
+    base = side("Codici", {"A": "uno", "B": "due", "D": "quattro", "E": "cinque"},
+                ["sql_generation", "disambiguation"], ["| A | uno |"], "riga 1\nriga 2\nriga 3")
+    ours = side("Codici curati", {"A": "uno (curato)", "B": "due", "D": "quattro",
+                                  "E": "cinque (curato)"},
+                ["disambiguation", "sql_generation"], ["| A | uno |", "| B | due |"],
+                "riga 1 curata\nriga 2\nriga 3")
+    theirs = side("Codici", {"A": "uno", "B": "bis", "C": "tre", "E": "cinque nuovo"},
+                  ["sql_generation", "disambiguation", "schema_linking"],
+                  ["| A | uno |", "| C | tre |"], "riga 1\nriga 2\nriga 3\nNota nuova.")
+
+    merged = merge_unit(base, ours, theirs, normalized_text=text)
+
+    assert merged.data["title"] == "Codici curati"
+    # A curated, B from the note, C new, D dropped by the note, E both: curated kept, reported
+    assert merged.data["enum"]["values"] == {"A": "uno (curato)", "B": "bis",
+                                             "E": "cinque (curato)", "C": "tre"}
+    assert merged.data["purposes"] == ["disambiguation", "sql_generation", "schema_linking"]
+    assert merged.data["supporting_excerpts"] == ["| A | uno |", "| B | due |", "| C | tre |"]
+    assert merged.body == "riga 1 curata\nriga 2\nriga 3\nNota nuova."
+    assert [(i["field"], i["code"]) for i in merged.conflicts] == [
+        ("enum.values.E", MERGE_CONFLICT)]
+    assert "added “nuovo” after “cinque”" in merged.conflicts[0]["message"]
+    assert merged.data["review_items"] == merged.conflicts
+    # the curator left the excerpts as derived: they follow the note
+    same = merge_unit(base, side("Codici curati", ours.data["enum"]["values"], [],
+                                 ["| A | uno |"], ours.body), theirs, normalized_text=text)
+    assert same.data["supporting_excerpts"] == ["| A | uno |", "| C | tre |"]

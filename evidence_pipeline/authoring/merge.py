@@ -172,12 +172,16 @@ def _merge_list(base: Sequence[Any], ours: Sequence[Any], theirs: Sequence[Any])
 
 def _merge_excerpts(base: Sequence[str], ours: Sequence[str], theirs: Sequence[str],
                     text: str) -> list[str]:
-    """The curated excerpts still in the source, with those the source change added (a curated
-    excerpt a new one contains gives way to it); at most MAX_EXCERPTS, new ones first kept."""
+    """The curated excerpts still in the source less those the source change removed, with
+    those it added (a curated excerpt a new one contains gives way to it); at most
+    MAX_EXCERPTS, new ones first kept. Curated excerpts as derived: the new ones."""
+    if list(ours) == list(base):
+        return list(theirs)
+    removed = [e for e in base if e not in theirs]
     added = [e for e in theirs if e not in base]
     covered = [canonical(e) for e in added]
     kept = [e for e in ours if excerpt_in_source(e, text) and e not in added
-            and not any(canonical(e) in c for c in covered)]
+            and e not in removed and not any(canonical(e) in c for c in covered)]
     out = kept[:max(0, MAX_EXCERPTS - len(added))] + added[:MAX_EXCERPTS]
     return out or list(theirs)
 
