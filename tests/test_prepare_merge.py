@@ -74,6 +74,33 @@ def test_a_row_added_to_the_triage_table_keeps_the_curated_unit(demo_ws: Path) -
         ("review_item", "evidence:codice-colore-triage", "body")]
 
 
+def test_the_uis_prepare_source_merges_the_same_way(demo_ws: Path, tmp_path: Path) -> None:
+    """The Dagster job a curator launches from the UI for one source (``prepare_source``)
+    takes in the change through the same planner: the curated unit is kept the same way."""
+    import dagster as dg
+
+    from evidence_pipeline.orchestration.partitions import sync_source_partitions
+    from tests.helpers import dagster_home
+    from tests.test_operations import run
+
+    before = read_curated(demo_ws / TRIAGE_UNIT)
+    edit(demo_ws, TRIAGE, "| 5 | bianco | non urgenza |\n",
+         f"| 5 | bianco | non urgenza |\n{NEW_ROW}\n")
+    commit(demo_ws, "a row for the new code")
+    with dg.DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
+        sync_source_partitions(instance, demo_ws / "evidence")
+        result = run("prepare_source", demo_ws, instance,
+                     partition_key="source/20-enum/triage.md")
+    assert result.success
+    after = read_curated(demo_ws / TRIAGE_UNIT)
+    new = after.data()
+    assert (new["title"], new["applies_to"], new["purposes"], after.body) == (
+        before.data()["title"], before.data()["applies_to"], before.data()["purposes"],
+        before.body)
+    assert new["enum"]["values"] == {**before.data()["enum"]["values"], "6": "nero"}
+    assert [(i["code"], i["field"]) for i in new["review_items"]] == [(MERGE_CONFLICT, "body")]
+
+
 def test_a_conflicting_change_is_a_review_item_naming_the_field(demo_ws: Path) -> None:
     """The note's heading and the meaning of code 1 change where the curator changed them
     too: the curated values stay, each conflict is a review item naming its field and what the
