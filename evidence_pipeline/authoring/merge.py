@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,7 +375,10 @@ class LastProposals:
         self.entries[evidence_id] = {"source_sha256": source_sha256, "data": unit.data,
                                      "body": unit.body}
 
-    def save(self) -> None:
+    def save(self, *, keep: Collection[str] | None = None) -> None:
+        """Write the file (atomically); with ``keep``, only the entries of those ids."""
+        if keep is not None:
+            self.entries = {k: v for k, v in self.entries.items() if k in keep}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.entries, ensure_ascii=False, sort_keys=True),

@@ -356,9 +356,10 @@ class BatchPlanner:
         return self._last
 
     def save_proposals(self) -> None:
-        """Write the model backends' proposals taken in (call once the batch is applied)."""
+        """Write the model backends' proposals taken in (call once the batch is applied); the
+        ids no longer in use (retired, dropped) are forgotten."""
         if self._last is not None:
-            self._last.save()
+            self._last.save(keep=self.manifest.ids_in_use())
 
     # --- whole batch ---------------------------------------------------------------------
 
