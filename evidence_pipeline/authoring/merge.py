@@ -61,8 +61,7 @@ class Side:
 class MergeResult:
     data: dict[str, Any]
     body: str
-    conflicts: list[dict[str, str]] = field(default_factory=list)  # review items to add
-    kept: list[str] = field(default_factory=list)  # fields whose curated value was kept
+    conflicts: list[dict[str, str]] = field(default_factory=list)  # review items added
 
 
 def curated_side(doc: CuratedDocument) -> Side:
@@ -135,8 +134,7 @@ def merge_unit(base: Side, ours: Side, theirs: Side, *, normalized_text: str) ->
     for item in items:
         if item not in data["review_items"]:
             data["review_items"].append(item)
-    return MergeResult(data, body, items, [c[0] for c in conflicts]
-                       + (["body"] if body_conflict else []))
+    return MergeResult(data, body, items)
 
 
 def _merge(base: Any, ours: Any, theirs: Any, path: str,
