@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -26,6 +27,7 @@ __all__ = [
     "dirty_paths",
     "ignored_paths",
     "materialize_revision",
+    "merge_text",
     "open_repo",
     "require_clean",
     "resolve_revision",
@@ -379,3 +381,32 @@ def committed_bytes_with_sha256(root: Path, path: str, sha256: str, *,
     except (GitError, git.GitCommandError, ValueError):
         return None
     return None
+
+
+def merge_text(base: str, ours: str, theirs: str, *,
+               labels: tuple[str, str, str] = ("curated", "before", "source")) -> tuple[str, int]:
+    """Three-way merge of texts by ``git merge-file``: (merged text, number of conflicts).
+
+    The merged text holds conflict markers where there are conflicts. Git runs outside any
+    repository and without system or user configuration (no ``merge.conflictStyle``, drivers
+    or hooks of the machine's or a workspace's config apply). :class:`GitError` when git
+    cannot run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    with tempfile.TemporaryDirectory(prefix="tht-merge-") as tmp:
+        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, HOME=tmp,
+                   XDG_CONFIG_HOME=tmp, GIT_CEILING_DIRECTORIES=tmp)
+        files = []
+        for name, text in (("ours", ours), ("base", base), ("theirs", theirs)):
+            f = Path(tmp) / name
+            f.write_text(text, encoding="utf-8")
+            files.append(str(f))
+        label_args = [arg for label in labels for arg in ("-L", label)]
+        try:
+            proc = subprocess.run(["git", "merge-file", "-p", *label_args, *files], cwd=tmp,
+                                  env=env, capture_output=True, check=False)
+        except OSError as exc:
+            raise GitError(f"cannot run git merge-file: {exc}") from None
+    if proc.returncode < 0 or proc.returncode > 127:
+        detail = proc.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"git merge-file failed: {detail or proc.returncode}")
+    return proc.stdout.decode("utf-8"), proc.returncode

@@ -263,6 +263,7 @@ SLOWEST_FIRST = (
     "tests/test_index.py",
     "tests/test_fail_closed.py",
     "tests/test_prepare_backends.py",
+    "tests/test_prepare_merge.py",
 )
 
 

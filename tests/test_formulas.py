@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from evidence_pipeline.authoring import apply
 from evidence_pipeline.authoring.formulas import (
+    LEGACY_COLUMNS_MISSING,
     LEGACY_INCOMPATIBLE,
     PROPOSAL_AWAITING_REVIEW,
     FormulaImportError,
@@ -311,7 +312,6 @@ BAD_ENTRIES = {
                      "no ```sql block"),
     "two-sql-blocks": (legacy("Eta", "a.b + 1") + "\n```sql\na.b + 2\n```\n",
                        "2 ```sql blocks"),
-    "no-columns": ("# Eta\n\nTesto.\n\n```sql\na.b + 1\n```\n", "no input columns"),
     "no-heading": ("Testo.\n\nColonne: a.b.c\n\n```sql\na.b + 1\n```\n", "no '# heading'"),
     "unclosed-block": ("# Eta\n\nColonne: a.b.c\n\n```sql\na.b + 1\n", "is not closed"),
     "credential": (legacy("Eta", "a.b + 1", "Connessione: postgres://etl:s3cret@dwh/psd"),
@@ -347,6 +347,45 @@ def test_failing_entry_cli_one_clear_line(tmp_path: Path) -> None:
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("error: ") and "b.sql.md" in line and "UTF-8" in line
     assert status(ws) == ""
+
+
+def test_entry_naming_no_columns_is_imported_blocked_through_the_cli(tmp_path: Path) -> None:
+    # the entry: no 'Colonne:' line and no schema.table.column anywhere; the other
+    # entries of the store come in as they would without it
+    ws = make_ws(tmp_path)
+    store = make_store(tmp_path, {"a.sql.md": ETA,
+                                  "conteggio.sql.md": "# Conteggio episodi\n\nQuanti episodi."
+                                  "\n\n```sql\nSELECT count(*) FROM clinical.episode\n```\n",
+                                  "c.sql.md": DEGENZA})
+
+    r = CliRunner().invoke(main, ["evidence", "import-formulas", str(ws), str(store), "--json"])
+
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["status"] == "applied"
+    codes = {e["evidence_id"]: e["review_items"] for e in out["entries"]}
+    assert codes == {"evidence:eta-al-ricovero": [], "evidence:giorni-di-degenza": [],
+                     "evidence:conteggio-episodi": [LEGACY_COLUMNS_MISSING, LEGACY_INCOMPATIBLE]}
+    unit = read_curated(unit_file(ws, "evidence:conteggio-episodi")).unit()
+    assert unit.formula.columns == [] and unit.applies_to.columns == []
+    assert unit.formula.sql == "SELECT count(*) FROM clinical.episode"  # verbatim
+    item = next(i for i in unit.review_items if i.code == LEGACY_COLUMNS_MISSING)
+    assert item.field == "formula.columns" and "conteggio.sql.md" in item.message
+
+    # blocked, not invalid: the missing columns are a doubt the curator resolves
+    r = CliRunner().invoke(main, ["evidence", "validate", str(ws), "--json"])
+    report = json.loads(r.stdout)
+    assert r.exit_code == 1 and report["status"] == "blocked"
+    missing = [p for p in report["problems"] if p["code"] == "formula_columns_missing"]
+    assert [(p["severity"], p["evidence_id"], p["field"]) for p in missing] == [
+        ("review", "evidence:conteggio-episodi", "formula.columns")]
+
+    # removing the review item without naming the columns never makes it publishable
+    commit(ws, "import")
+    approve(ws, "evidence:conteggio-episodi")
+    errors = [(p.code, p.field) for p in problems_of(ws, "evidence:conteggio-episodi")
+              if p.severity is Severity.error]
+    assert ("formula_columns_missing", "formula.columns") in errors
 
 
 def test_changed_legacy_entry_is_refused(tmp_path: Path) -> None:

@@ -16,10 +16,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from evidence_pipeline.authoring.apply import Batch
-from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest
+from evidence_pipeline.authoring.backends.base import ModelReply, ModelRequest, ProposedUnit
 from evidence_pipeline.authoring.ids import assign_id
+from evidence_pipeline.authoring.merge import (
+    LAST_PROPOSALS,
+    LastProposals,
+    Side,
+    curated_side,
+    match_base,
+    merge_unit,
+    proposed_side,
+    structural_bases,
+)
 from evidence_pipeline.authoring.relink import cite_source, copy_doc, relink_dropped_units
-from evidence_pipeline.authoring.session import ExistingUnit, evidence_rel
+from evidence_pipeline.authoring.session import ExistingUnit, authoring_dir, evidence_rel
 from evidence_pipeline.authoring.sources import Change, SourceChange
 from evidence_pipeline.formats.curated_writer import (
     curated_relpath,
@@ -91,6 +101,7 @@ class SourceProposal:
     reply: ModelReply | None
     failure: ModelFailure | None
     seconds: float
+    backend: str | None = None  # the backend's name: how the curated units are merged
 
     @property
     def path(self) -> str:
@@ -123,6 +134,11 @@ class BatchPlanner:
         # evidence-relative path → new document (None = delete)
         self.outputs: dict[str, CuratedDocument | None] = {}
         self.sources = SourceReader(ws.evidence_dir)
+        # the structural derivations of the changed sources' previous texts (merge bases)
+        self._bases: dict[str, list[Side]] = {}
+        self._last: LastProposals | None = None
+        # (unit id, field) of every merge conflict, each a review item on its unit
+        self.merge_conflicts: list[tuple[str, str]] = []
 
     # --- per source ----------------------------------------------------------------------
 
@@ -230,6 +246,7 @@ class BatchPlanner:
                 title = str(proposed.data.get("title") or "unit")
                 eid = assign_id(title, self.taken)
             returned.add(eid)
+            proposed = self._merged(eid, proposed, request, proposal.backend)
             data = dict(proposed.data)
             excerpts = data.pop("supporting_excerpts", None)
             data.pop("source_file", None)
@@ -303,6 +320,46 @@ class BatchPlanner:
                                   ids_kept_by_code=dict(relinked.values()),
                                   notes=list(src.notes)))
         return problems
+
+    def _merged(self, eid: str, proposed: ProposedUnit, request: ModelRequest,
+                backend: str | None) -> ProposedUnit:
+        """The proposed unit merged three ways with the curated unit of the same id (see
+        :mod:`~evidence_pipeline.authoring.merge`); a new unit, or one without a known base,
+        as proposed. A model backend's proposal is recorded as the base of the next merge."""
+        structural = backend == "structural"
+        recorded = backend is not None and not structural
+        base: Side | None = None
+        old = self.existing.get(eid)
+        if recorded:
+            if old is not None:
+                prov = old.doc.data().get("provenance") or {}
+                base = self.last_proposals().base(eid, str(prov.get("source_sha256", "")))
+            self.last_proposals().record(eid, request.source_sha256, proposed)
+        if old is None or eid not in request.allowed_ids:
+            return proposed
+        theirs, ours = proposed_side(proposed), curated_side(old.doc)
+        if theirs == ours:
+            return proposed
+        if structural:
+            if request.source_file not in self._bases:
+                self._bases[request.source_file] = structural_bases(request)
+            base = match_base(theirs, self._bases[request.source_file])
+        if base is None:
+            return proposed
+        merged = merge_unit(base, ours, theirs, normalized_text=request.normalized_text)
+        self.merge_conflicts.extend((eid, item["field"]) for item in merged.conflicts)
+        return ProposedUnit(id=proposed.id, data=merged.data, body=merged.body)
+
+    def last_proposals(self) -> LastProposals:
+        if self._last is None:
+            self._last = LastProposals(authoring_dir(self.ws) / LAST_PROPOSALS)
+        return self._last
+
+    def save_proposals(self) -> None:
+        """Write the model backends' proposals taken in (call once the batch is applied); the
+        ids no longer in use (retired, dropped) are forgotten."""
+        if self._last is not None:
+            self._last.save(keep=self.manifest.ids_in_use())
 
     # --- whole batch ---------------------------------------------------------------------
 

@@ -236,8 +236,8 @@ def call_model(model: ModelBackend, request: ModelRequest) -> SourceProposal:
     except ModelBackendError as exc:
         return SourceProposal(request, None, ModelFailure(exc.code, exc.message,
                                                           exc.evidence_id, exc.field),
-                              time.perf_counter() - started)
-    return SourceProposal(request, reply, None, time.perf_counter() - started)
+                              time.perf_counter() - started, model.name)
+    return SourceProposal(request, reply, None, time.perf_counter() - started, model.name)
 
 
 def _planner(plan: PreparePlan, progress: Progress | None) -> BatchPlanner:
@@ -264,6 +264,8 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
     batch, diff = planner.batch()
     plan.session.apply(batch)
     remember_written(plan, planner, batch)
+    if not batch.is_empty():
+        planner.save_proposals()  # the model backends' proposals: the bases of the next merge
     new_manifest = planner.manifest
     return PrepareResult(
         status="applied" if not batch.is_empty() else "unchanged",

@@ -145,6 +145,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
                "renamed": "cyan", "restored": "cyan"}
 
     def progress(report: SourceReport) -> None:
+        if report.change.value == "unchanged":
+            return  # counted in the summary line (each one is in --json's sources)
         timing = f"  model {report.model_seconds:.2f}s" if report.model_seconds is not None \
             else ""
         c = colours[report.change.value]

@@ -104,11 +104,11 @@ class Manifest(BaseModel):
 
     def to_data(self) -> dict[str, Any]:
         """Canonical plain data: sources and ids sorted; an orphaned source only while one of
-        its units is an orphan."""
+        its units is an orphan; ``retired_ids`` and ``orphaned_sources`` only when not empty."""
         orphans = sorted(set(self.orphans))
         orphaned = {path: [u for u in sorted(set(entry.units)) if u in orphans]
                     for path, entry in sorted(self.orphaned_sources.items())}
-        return {
+        data: dict[str, Any] = {
             "pipeline_version": self.pipeline_version,
             "sources": {
                 path: {"sha256": entry.sha256, "units": sorted(entry.units)}
@@ -116,11 +116,17 @@ class Manifest(BaseModel):
             },
             "orphans": orphans,
             "retirement_candidates": sorted(set(self.retirement_candidates)),
-            "retired_ids": sorted(set(self.retired_ids)),
-            "orphaned_sources": {path: {"sha256": self.orphaned_sources[path].sha256,
-                                        "units": units}
-                                 for path, units in orphaned.items() if units},
         }
+        # the two keys beyond DESIGN.md's format only when they hold something: a workspace
+        # that never retired an id nor lost a source keeps the manifest it was given
+        retired = sorted(set(self.retired_ids))
+        if retired:
+            data["retired_ids"] = retired
+        kept = {path: {"sha256": self.orphaned_sources[path].sha256, "units": units}
+                for path, units in orphaned.items() if units}
+        if kept:
+            data["orphaned_sources"] = kept
+        return data
 
 
 def incompatible_version(found: int) -> str:

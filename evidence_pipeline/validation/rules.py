@@ -8,7 +8,7 @@ corpus (unique ids, manifest consistency, orphans, retirements). The credential 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -53,6 +53,9 @@ _FIELD_CODES = {
 # citing a copy of a legacy entry, the SQL problem is then a doubt (blocked), not an error
 # (invalid). Elsewhere (e.g. a model's reply in prepare) the code covers nothing.
 FORMULA_SQL_REVIEW_CODES = frozenset({"legacy_formula_incompatible"})
+# The review item that covers a legacy formula naming no input columns (``formula.columns``):
+# the unit is blocked until a curator names them; removing the item alone makes it invalid.
+FORMULA_COLUMNS_REVIEW_CODE = "legacy_formula_columns_missing"
 LEGACY_FORMULA_SOURCES = "source/60-formule/legacy/"
 
 _FORBIDDEN_IN_FORMULA = (
@@ -199,13 +202,16 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
                         f"provenance.supporting_excerpts[{i}]")
 
     if isinstance(unit, FormulaUnit):
+        if not unit.formula.columns:
+            covered = _legacy_covered(unit, {FORMULA_COLUMNS_REVIEW_CODE}, "formula.columns")
+            problem("formula_columns_missing", "formula.columns names no input column; a "
+                    "formula has at least one (schema.table.column)", "formula.columns",
+                    Severity.review if covered else Severity.error)
         bad = check_formula_sql(unit.formula.sql)
         if bad:
             # an imported legacy entry keeps its SQL verbatim under a review item that says so:
             # blocked until a curator rewrites it; removing the item alone makes the unit invalid
-            covered = unit.provenance.source_file.startswith(LEGACY_FORMULA_SOURCES) and any(
-                i.code in FORMULA_SQL_REVIEW_CODES and i.field == "formula.sql"
-                for i in unit.review_items)
+            covered = _legacy_covered(unit, FORMULA_SQL_REVIEW_CODES, "formula.sql")
             problem(bad[0], f"formula.sql {bad[1]}", "formula.sql",
                     Severity.review if covered else Severity.error)
     elif isinstance(unit, ExampleUnit) and unit.example.sql:
@@ -225,6 +231,13 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
     return out
 
 
+
+
+def _legacy_covered(unit: FormulaUnit, codes: Collection[str], field: str) -> bool:
+    """Whether a unit citing a copy of a legacy entry carries a review item with one of
+    ``codes`` on ``field``: the problem is then a doubt (blocked), not an error."""
+    return unit.provenance.source_file.startswith(LEGACY_FORMULA_SOURCES) and any(
+        i.code in codes and i.field == field for i in unit.review_items)
 
 
 def check_corpus(loaded: Sequence[LoadedUnit], manifest: Manifest | None, *,

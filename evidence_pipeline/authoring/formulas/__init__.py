@@ -20,6 +20,7 @@ from evidence_pipeline.authoring.formulas.importer import (
     ImportResult,
 )
 from evidence_pipeline.authoring.formulas.legacy import (
+    LEGACY_COLUMNS_MISSING,
     LEGACY_INCOMPATIBLE,
     LEGACY_SOURCE_DIR,
     import_formulas,
@@ -34,6 +35,7 @@ from evidence_pipeline.authoring.formulas.proposals import (
 )
 
 __all__ = [
+    "LEGACY_COLUMNS_MISSING",
     "LEGACY_INCOMPATIBLE",
     "LEGACY_SOURCE_DIR",
     "PROPOSALS_SOURCE_DIR",

@@ -22,6 +22,7 @@ from evidence_pipeline.authoring.formulas.importer import (
 from evidence_pipeline.authoring.sources import Source
 from evidence_pipeline.markdown import SQL_LANGS, BlockKind, parse_blocks, split_lines
 from evidence_pipeline.validation.rules import (
+    FORMULA_COLUMNS_REVIEW_CODE,
     FORMULA_SQL_REVIEW_CODES,
     LEGACY_FORMULA_SOURCES,
     check_formula_sql,
@@ -35,6 +36,7 @@ from evidence_runtime.workspace import load_workspace
 LEGACY_SOURCE_DIR = LEGACY_FORMULA_SOURCES.rstrip("/")
 LEGACY_INCOMPATIBLE = "legacy_formula_incompatible"
 assert LEGACY_INCOMPATIBLE in FORMULA_SQL_REVIEW_CODES
+LEGACY_COLUMNS_MISSING = FORMULA_COLUMNS_REVIEW_CODE
 
 _COLUMNS_LINE = re.compile(
     r"^\s*(?:[-*+]\s+)?(?:\*\*|__)?(?:colonne|colonna|columns|column|input columns|"
@@ -128,7 +130,7 @@ def parse_legacy(text: str, *, shown: str) -> LegacyFormula:
 def _columns(columns_lines: list[str], sql: str, paragraphs: list[str], *,
              shown: str) -> list[str]:
     """Input columns: the 'Colonne:' line(s), else schema.table.column references in the SQL or
-    in `code spans` of the text. Nothing is guessed from aliases."""
+    in `code spans` of the text. Nothing is guessed from aliases; none found is an empty list."""
     found: list[str] = []
     for line in columns_lines:
         match = _COLUMNS_LINE.match(line)
@@ -149,10 +151,7 @@ def _columns(columns_lines: list[str], sql: str, paragraphs: list[str], *,
             for m in _THREE_PART.finditer(text):
                 if m.group(0) not in found:
                     found.append(m.group(0))
-    if not found:
-        raise _malformed(
-            "no input columns: name them in a line 'Colonne: schema.table.column, …'", shown)
-    return found
+    return found  # none: imported blocked (LEGACY_COLUMNS_MISSING), for a curator to name
 
 
 def _legacy_candidate(file: Path, *, language: str) -> Candidate:
@@ -172,6 +171,15 @@ def _legacy_candidate(file: Path, *, language: str) -> Candidate:
     def build(src: Source, eid: str) -> tuple[dict[str, Any], str]:
         excerpts = [*entry.paragraphs[:2], entry.columns_line or "", entry.sql]
         review: list[dict[str, Any]] = []
+        if not entry.columns:
+            review.append({
+                "code": LEGACY_COLUMNS_MISSING,
+                "field": "formula.columns",
+                "message": f"the legacy entry {file.name} names no input columns (no "
+                           "'Colonne:' line, no schema.table.column in its SQL or code "
+                           "spans): list them in formula.columns as schema.table.column, "
+                           "then remove this item",
+            })
         bad = check_formula_sql(entry.sql)
         if bad is not None:
             review.append({
@@ -195,7 +203,8 @@ def import_formulas(root: Path, legacy_dir: Path) -> ImportResult:
 
     Each file is copied verbatim under ``evidence/source/60-formule/legacy/`` and becomes one
     unit citing it. An entry that is not one composable expression is imported with the review
-    item ``legacy_formula_incompatible`` (blocked, never publishable until a curator fixes it).
+    item ``legacy_formula_incompatible``, one naming no input columns with
+    ``legacy_formula_columns_missing`` (blocked, never publishable until a curator fixes it).
     Any unreadable entry refuses the whole import; nothing is written then.
     """
     ws = load_workspace(root)
