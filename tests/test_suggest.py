@@ -160,12 +160,14 @@ def test_the_concepts_suggested_are_the_question_s_words_the_unit_never_uses(
     units = revision_units(ws, small.ws / "evidence")
     unit = units["evidence:minuti-attesa-ps"]
     words = ContentWords("italian")
-    question = "Quanti minuti attendono i malati al pronto soccorso prima della visita?"
+    question = "Quanti minuti attendono qui i malati al pronto soccorso prima della visita?"
     fix = suggest_one(question, NotRetrieved(), unit, words, query="q")
     assert fix is not None and fix.field == "applies_to.concepts"
-    # stop words ("quanti", "della") and words the unit uses, even inflected, are left out
+    # stop words (BM25's: "quanti", "della"; the longer list's: "qui") and words the unit
+    # uses, even inflected, are left out
     assert "minuti" not in fix.values and "quanti" not in fix.values
-    assert "della" not in fix.values and "malati" in fix.values
+    assert "della" not in fix.values and "qui" not in fix.values and "malati" in fix.values
+    assert words.stems("qui") and not words.stems("quanti")  # BM25 alone would keep "qui"
     assert fix.path == "evidence/curated/formula/minuti-attesa-ps.md"
     # a question made of the unit's own words has no fix: a ranking matter
     assert suggest_one(unit.unit.title, NotRetrieved(), unit, words, query="q") is None
