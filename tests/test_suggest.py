@@ -17,6 +17,7 @@ import pytest
 
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.formats.evalset import EvalQuery, Profile
+from evidence_pipeline.publishing import evaluate as evaluate_module
 from evidence_pipeline.publishing.content_words import ContentWords
 from evidence_pipeline.publishing.evaluate import (
     NotRetrieved,
@@ -131,6 +132,31 @@ def test_without_an_evaluated_generation_it_says_so(tmp_path: Path) -> None:
     unknown = cli("evidence", "suggest", str(ws), "--generation", "7", "--json")
     assert unknown.exit_code != 0
     assert "generation 7 does not exist" in unknown.output
+
+
+def test_a_unit_in_neither_branch_s_list_is_not_retrieved_and_still_gets_its_fix(
+        clone: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # branch lists 3 deep instead of 50: q04's second unit is in neither (25 units here, so at
+    # depth 50 dense lists them all)
+    monkeypatch.setattr(evaluate_module, "RANK_DEPTH", 3)
+    result = cli("evidence", "evaluate", str(clone), "--json")
+    assert result.exit_code == 0, result.output
+    q04 = next(q for q in json.loads(result.stdout)["queries"] if q["id"] == "q04")
+    assert q04["ranks"]["evidence:accessi-day-hospital"] == {"dense": None, "bm25": None,
+                                                             "fused": None}
+    assert q04["misses"] == {"evidence:accessi-day-hospital": {"reason": "not_retrieved"}}
+    text = cli("evidence", "evaluate", str(clone))
+    assert ("missed q04 evidence:accessi-day-hospital: not_retrieved (in neither dense nor "
+            "bm25 top 3)") in text.stdout
+
+    # the gate records it; suggest reads the recorded report
+    commit(clone, "published again", allow_empty=True)
+    assert cli("workspace", "activate", str(clone)).exit_code == 0
+    assert cli("workspace", "preprocess", "evidence", str(clone)).exit_code == 0
+    doc = suggest_json(clone)
+    assert doc["generation"] == 2
+    fix = next(s for s in doc["suggestions"] if s["query"] == "q04")
+    assert (fix["reason"], fix["field"]) == ("not_retrieved", "applies_to.concepts")
 
 
 # --------------------------------------------------------------------------- the library
