@@ -85,7 +85,7 @@ def measure(ws: Path, embedder: Any) -> dict[str, Any]:
     bm25 = base.search_config.bm25 or {}
     words = ContentWords(bm25.get("language", w.config.language),
                          tuple(bm25.get("stopwords") or ()))
-    found = suggest(base, evalset, units, words)
+    found = suggest(base.misses(), evalset, units, words)
     log(f"[suggest] dev: {len(base_hits)}/{len(dev)} hits, {len(found)} suggestions "
         f"({time.perf_counter() - t:.1f} s)")
     by_query: dict[str, list[Any]] = collections.defaultdict(list)

@@ -26,7 +26,12 @@ from evidence_pipeline.publishing.evaluate import (
     Ranks,
     explain_miss,
 )
-from evidence_pipeline.publishing.suggest import revision_units, suggestions_path
+from evidence_pipeline.publishing.suggest import (
+    RecordedEvaluation,
+    evaluated_generation,
+    revision_units,
+    suggestions_path,
+)
 from evidence_pipeline.publishing.suggestions import suggest_one
 from evidence_runtime.search import EvidenceSearcher
 from evidence_runtime.units import EvidencePurpose
@@ -201,3 +206,15 @@ def test_the_concepts_suggested_are_the_question_s_words_the_unit_never_uses(
                               purpose=EvidencePurpose.schema_linking)
     fixed = suggest_one(question, purpose, unit, words, query="q")
     assert fixed is not None and (fixed.field, fixed.values) == ("purposes", ("schema_linking",))
+
+
+def test_a_recorded_report_with_other_search_settings_is_still_read(small: Small) -> None:
+    gen, recorded = evaluated_generation(load_workspace(small.ws), None)
+    assert gen.evaluation is not None and gen.number == recorded.generation == 1
+    # e.g. a later version's fusion settings: suggest reads only the misses and BM25's
+    changed = {**gen.evaluation, "search_config": {**gen.evaluation["search_config"],
+                                                   "fusion": "dbsf", "rrf_k": None}}
+    again = RecordedEvaluation.model_validate(changed)
+    assert again.misses() == recorded.misses()
+    assert [miss.reason for _, _, miss in again.misses()] == [
+        "not_published", "purpose_filtered", "constraint_filtered", "ranked_low"]

@@ -11,12 +11,13 @@ publish).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evidence_pipeline.formats.evalset import read_evaluation
 from evidence_pipeline.publishing.content_words import ContentWords
-from evidence_pipeline.publishing.evaluate import EvaluationReport, revision_evidence_dir
+from evidence_pipeline.publishing.evaluate import Miss, QueryResult, revision_evidence_dir
 from evidence_pipeline.publishing.guard import open_registry
 from evidence_pipeline.publishing.suggestions import (
     CuratedUnit,
@@ -55,12 +56,28 @@ class SuggestResult(BaseModel):
     unsuggested: tuple[Unsuggested, ...]
 
 
+class RecordedEvaluation(BaseModel):
+    """What suggest reads of the evaluation recorded with a generation: its questions' misses
+    and the BM25 settings (the rest of the report, e.g. the fusion settings, may differ between
+    versions without making it unreadable)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    revision: str
+    generation: int
+    search_config: dict[str, Any]
+    queries: tuple[QueryResult, ...]
+
+    def misses(self) -> list[tuple[str, str, Miss]]:
+        return [(q.id, eid, miss) for q in self.queries for eid, miss in q.misses.items()]
+
+
 def suggestions_path(ws: Workspace, generation: int) -> Path:
     return ws.state_dir / "suggestions" / f"generation-{generation}.patch"
 
 
-def evaluated_generation(ws: Workspace, generation: int | None) -> tuple[Generation,
-                                                                            EvaluationReport]:
+def evaluated_generation(ws: Workspace, generation: int | None
+                         ) -> tuple[Generation, RecordedEvaluation]:
     """``generation`` (default: the newest one with a recorded evaluation) and its report."""
     registry = open_registry(ws)
     try:
@@ -80,10 +97,11 @@ def evaluated_generation(ws: Workspace, generation: int | None) -> tuple[Generat
                                 f"{'does not exist' if gen is None else 'has no evaluation'}",
                                 code=ErrorCode.generation_missing)
     try:
-        return gen, EvaluationReport.model_validate(gen.evaluation)
+        return gen, RecordedEvaluation.model_validate(gen.evaluation)
     except ValidationError:
         raise EvidenceError(f"the evaluation recorded with generation {gen.number} is not an "
-                            f"evaluation report this version reads; evaluate it again",
+                            f"evaluation report this version reads; publish again (tht "
+                            f"workspace preprocess evidence) to record a new one",
                             code=ErrorCode.evaluation_malformed) from None
 
 
@@ -107,10 +125,10 @@ def suggest_generation(ws: Workspace, *, generation: int | None = None) -> Sugge
     evalset = read_evaluation(evidence_dir, shown=f"{ws.config.evidence.root}/evaluation.yaml "
                                                   f"at revision {gen.revision[:12]}")
     units = revision_units(ws, evidence_dir)
-    bm25 = report.search_config.bm25 or {}
+    bm25: dict[str, Any] = report.search_config.get("bm25") or {}
     words = ContentWords(str(bm25.get("language") or ws.config.language),
                          tuple(str(w) for w in bm25.get("stopwords") or ()))
-    found = suggest(report, evalset, units, words)
+    found = suggest(report.misses(), evalset, units, words)
     done = {(s.query, s.evidence_id) for s in found}
     unsuggested = tuple(
         Unsuggested(query=qid, evidence_id=eid, reason=miss.reason, why=_why(miss.reason,

@@ -9,15 +9,15 @@
   matter, no curator edit) or the reason is ``not_published`` / ``constraint_filtered`` (the
   question, not the unit, is to be looked at).
 
-:func:`suggest` computes them from an evaluation report and the units of the evaluated
-revision; :func:`render_patch` writes them as one unified diff of the curated files, to be
+:func:`suggest` computes them from the misses of an evaluation report and the units of the
+evaluated revision; :func:`render_patch` writes them as one unified diff of the curated files, to be
 reviewed and applied with ``git apply`` (never applied here).
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +28,7 @@ from evidence_pipeline.formats.curated_writer import dump_curated
 from evidence_pipeline.formats.evalset import EvaluationSet
 from evidence_pipeline.formats.fragments import build_fragments
 from evidence_pipeline.publishing.content_words import ContentWords
-from evidence_pipeline.publishing.evaluate import EvaluationReport, Miss
+from evidence_pipeline.publishing.evaluate import Miss
 from evidence_runtime.curated import CuratedDocument, parse_curated
 from evidence_runtime.units import UnitBase
 
@@ -86,13 +86,13 @@ def suggest_one(question: str, miss: Miss, unit: CuratedUnit, words: ContentWord
                            f"unit never does")
 
 
-def suggest(report: EvaluationReport, evalset: EvaluationSet,
+def suggest(misses: Iterable[tuple[str, str, Miss]], evalset: EvaluationSet,
             units: Mapping[str, CuratedUnit], words: ContentWords) -> list[Suggestion]:
-    """A suggestion for each miss of ``report`` that an edit of its unit can fix, in report
-    order."""
+    """A suggestion for each miss (query id, evidence id, why: ``EvaluationReport.misses()``)
+    that an edit of its unit can fix, in the misses' order."""
     texts = {q.id: q.text for q in evalset.queries}
     out: list[Suggestion] = []
-    for qid, eid, miss in report.misses():
+    for qid, eid, miss in misses:
         unit = units.get(eid)
         if unit is None or qid not in texts:
             continue
