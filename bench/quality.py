@@ -16,8 +16,9 @@ The demo is published with the real pipeline on a temporary copy (`tht demo init
 workspace activate`, `tht workspace preprocess evidence`) and searched with
 ``EvidenceSearcher.search(text, purpose, context, limit=10, mode=...)``. Every fused miss is
 explained per expected unit: ``not_published``, ``purpose_filtered`` (the unit's purposes
-exclude the asking stage's), ``constraint_filtered`` or ``ranked_low`` (dense/BM25/fused ranks
-at depth 50); each question is also searched without the purpose filter.
+exclude the asking stage's), ``constraint_filtered``, ``not_retrieved`` (in neither branch's
+first 50) or ``ranked_low`` (dense/BM25/fused ranks at depth 50); each question is also
+searched without the purpose filter.
 
 Variants, through the library's settings (bench/variants.py; recorded in the report's
 ``config``), on top of what thoth.yaml and the library defaults give:
@@ -195,7 +196,9 @@ def explain(ranker: Ranker, c: Case, unit_purposes: dict[str, tuple[str, ...]]
                 out[eid] = {"reason": "constraint_filtered",
                             "constraints": constraints.model_dump(mode="json")}
                 continue
-        out[eid] = {"reason": "ranked_low", **{m: _pos(deep[m], eid) for m in MODES}}
+        ranks = {m: _pos(deep[m], eid) for m in MODES}
+        reached = ranks["dense"] is not None or ranks["bm25"] is not None
+        out[eid] = {"reason": "ranked_low" if reached else "not_retrieved", **ranks}
     return out
 
 

@@ -258,6 +258,7 @@ SLOWEST_FIRST = (
     "tests/test_operations.py",
     "tests/test_evaluate.py",
     "tests/test_review.py",
+    "tests/test_suggest.py",
     "tests/test_properties.py",
     "tests/test_ui_script.py",
     "tests/test_index.py",

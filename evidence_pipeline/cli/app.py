@@ -39,6 +39,7 @@ from evidence_pipeline.cli.shared_records import (
     shared_records_after,
     shared_records_cmd,
 )
+from evidence_pipeline.cli.suggest import suggest_cmd
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.units import EvidenceKind, EvidencePurpose
 
@@ -546,6 +547,7 @@ def demo_init(dest: Path, force: bool) -> None:
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)
 evidence.add_command(review_cmd)
+evidence.add_command(suggest_cmd)
 workspace.add_command(shared_records_cmd)
 
 

@@ -7,7 +7,9 @@ fused top 10. Never changes the index.
 Every expected unit missing from the fused top 10 gets a reason, found by asking the index about
 that unit's points in the evaluated generation (issue 16): ``not_published`` (none),
 ``purpose_filtered`` (none with the query's purpose), ``constraint_filtered`` (none within the
-query's explicit constraints), else ``ranked_low`` (reachable, but ranked below 10).
+query's explicit constraints), ``not_retrieved`` (reachable, but in neither branch's first
+:data:`RANK_DEPTH`), else ``ranked_low`` (in a branch's list, but ranked below 10 once fused).
+``tht evidence suggest`` turns each of them into the curator's fix (:mod:`.suggestions`).
 
 The evaluation set is the one of the revision the generation was built from (its materialized
 tree, written from Git when missing), never the work tree: a generation is judged by the
@@ -119,7 +121,17 @@ class RankedLow(_Record):
         return f"dense {r(self.dense)}, bm25 {r(self.bm25)}, fused {r(self.fused)}"
 
 
-Miss = Annotated[NotPublished | PurposeFiltered | ConstraintFiltered | RankedLow,
+class NotRetrieved(_Record):
+    """The search can reach the unit, but neither branch has it in its first
+    :data:`RANK_DEPTH`: ranking alone cannot bring it back, its words must change."""
+
+    reason: Literal["not_retrieved"] = "not_retrieved"
+
+    def describe(self) -> str:
+        return f"in neither dense nor bm25 top {RANK_DEPTH}"
+
+
+Miss = Annotated[NotPublished | PurposeFiltered | ConstraintFiltered | NotRetrieved | RankedLow,
                  Field(discriminator="reason")]
 
 
@@ -249,6 +261,8 @@ def explain_miss(searcher: EvidenceSearcher, q: EvalQuery, evidence_id: str, ran
     except EvidenceError as exc:  # a fault is never reported as a reason
         raise EvidenceError(f"cannot explain a miss of {q.id}: {exc}",
                             code=f"{ErrorCode.evaluation_unavailable}_{exc.code}") from exc
+    if ranks.dense is None and ranks.bm25 is None:
+        return NotRetrieved()
     return RankedLow(dense=ranks.dense, bm25=ranks.bm25, fused=ranks.fused)
 
 

@@ -7,7 +7,11 @@ from typing import Any
 
 from evidence_pipeline.authoring.backends.base import ModelRequest
 from evidence_pipeline.authoring.backends.structural.draft import Draft, K, key
-from evidence_pipeline.authoring.backends.structural.purposes import names_schema, policy_purposes
+from evidence_pipeline.authoring.backends.structural.purposes import (
+    lists_values,
+    names_schema,
+    policy_purposes,
+)
 from evidence_pipeline.authoring.backends.structural.text import add
 from evidence_pipeline.formats.normalize import canonical, excerpt_in_source
 
@@ -167,7 +171,8 @@ def unit_dict(draft: Draft, uid: str | None) -> dict[str, Any]:
         "title": draft.title,
         "kind": draft.kind.value,
         "purposes": [p.value for p in policy_purposes(
-            draft.kind, names_schema=names_schema(draft.tables, draft.columns, block))],
+            draft.kind, names_schema=names_schema(draft.tables, draft.columns, block)
+            or lists_values(draft.body))],
         "applies_to": {"concepts": concepts, "tables": list(draft.tables),
                        "columns": list(draft.columns)},
         draft.kind.value: block,
