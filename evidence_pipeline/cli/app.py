@@ -32,6 +32,7 @@ from evidence_pipeline.cli.common import (
     workspace_root,
 )
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
+from evidence_pipeline.cli.publish import generations_cmd, publish_cmd
 from evidence_pipeline.cli.shared_records import (
     print_comparison,
     shared_records_after,
@@ -527,6 +528,8 @@ def demo_init(dest: Path, force: bool) -> None:
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)
 workspace.add_command(shared_records_cmd)
+workspace.add_command(publish_cmd)
+workspace.add_command(generations_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover
