@@ -88,12 +88,16 @@ def searcher_process(ws: Path, ready: Path, stop: Path, out: Path) -> None:
         i = 0
         while not stop.exists():
             t = time.perf_counter()
-            with EvidenceSearcher.for_workspace(workspace, embedder=embedder) as searcher:
-                outcome = searcher.search(QUESTIONS[i % len(QUESTIONS)], "sql_generation")
+            try:
+                with EvidenceSearcher.for_workspace(workspace, embedder=embedder) as searcher:
+                    outcome = searcher.search(QUESTIONS[i % len(QUESTIONS)], "sql_generation")
+                row = {"status": outcome.status, "code": outcome.code,
+                       "generation": outcome.generation, "revision": outcome.revision}
+            except Exception as exc:  # a search that raises is a failed search, counted
+                row = {"status": "raised", "code": f"raised {type(exc).__name__}: {exc}"[:120],
+                       "generation": None, "revision": None}
             f.write(json.dumps({"at": time.time(), "seconds": time.perf_counter() - t,
-                                "status": outcome.status,
-                                "code": outcome.code, "generation": outcome.generation,
-                                "revision": outcome.revision}) + "\n")
+                                **row}) + "\n")
             f.flush()
             i += 1
             time.sleep(0.05)
@@ -224,8 +228,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print(table(["path", "scenario", "outcome", "publication s (max)", "failed / searches during",
-                     "failed / searches after", "search s max", "codes",
+        print(table(["path", "scenario", "outcome", "publication s (max)",
+                     "failed / searches during", "failed / searches after", "search s max", "codes",
                      "generations served"],
                     [[c["path"], c["scenario"], c["outcome"], c["publication_s"],
                       f"{c['failed_during']} / {c['searches_during']}",
