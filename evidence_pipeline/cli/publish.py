@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from evidence_pipeline.cli.common import (
     EXIT_ERROR,
@@ -147,21 +149,31 @@ def print_generations(report: GenerationsReport) -> None:
         stdout.print(f"workspace {report.workspace_id}: no generation yet (tht workspace "
                      "publish)")
         return
-    table = Table(title=f"generations — workspace {report.workspace_id}", header_style="bold")
-    for col in ("gen", "revision", "state", "active", "evaluated", "gate", "created"):
-        table.add_column(col, overflow="fold")
+    rows: list[list[str]] = []
     for g in report.generations:
         style = STATE_STYLE.get(g.state)
         state = f"[{style}]{g.state}[/]" if style else g.state
-        if g.rollback:
-            state += " ↩"
-        evaluated = (f"hit@10 {g.hit_at_10}/{g.queries}" if g.evaluated and g.queries
-                     else "–")
+        evaluated = f"{g.hit_at_10}/{g.queries}" if g.evaluated and g.queries else "–"
         gate = "–" if g.gate_passed is None else ("passed" if g.gate_passed else "failed")
-        subject = f" {escape(g.subject[:40])}" if g.subject else ""
-        table.add_row(str(g.number), f"{g.revision[:12]}{subject}", state,
-                      "●" if g.active else "", evaluated, gate, g.created_at[:19] + "Z")
+        rows.append([str(g.number), g.revision[:12], state + (" ↩" if g.rollback else ""),
+                     "●" if g.active else "", evaluated, gate,
+                     g.created_at[5:16].replace("T", " "), escape(g.subject or "")])
+    table = Table(title=f"generations — workspace {report.workspace_id}", header_style="bold",
+                  box=box.SIMPLE_HEAD)
+    headers = ("gen", "revision", "state", "active", "evaluated", "gate", "created")
+    widths = [max(len(col), *(Text.from_markup(r[i]).cell_len for r in rows))
+              for i, col in enumerate(headers)]
+    for col, width in zip(headers, widths, strict=True):
+        table.add_column(col, no_wrap=True, width=width)
+    # the commit's subject gets what the terminal has left, or no column below 8 characters
+    left = stdout.width - sum(widths) - 3 * (len(headers) + 1) - 1  # padding, rules, edges
+    if left >= 8:
+        table.add_column("commit", no_wrap=True, overflow="ellipsis", width=left)
+    for row in rows:
+        table.add_row(*(row if left >= 8 else row[:-1]))
     stdout.print(table)
+    stdout.print("evaluated: expected units in the fused top 10 / queries; created: UTC; "
+                 "↩: a rollback target")
     active = report.active_generation
     stdout.print(f"activated revision {(report.activated_revision or 'none')[:12]}, active "
                  f"generation {active if active is not None else 'none'}")
