@@ -6,6 +6,7 @@ failed gate fails the run with one line while search keeps serving the previous 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.helpers import (
     DATA,
     FAILING_EVALUATION,
     PublishedDemo,
+    cli,
     commit,
     copy_workspace,
     dagster_home,
@@ -93,3 +95,34 @@ def test_a_failed_gate_fails_the_run_and_changes_nothing(
     with EvidenceSearcher.for_workspace(clone, embedder=e5) as searcher:
         outcome = searcher.search("Quali pazienti sono minorenni?", "sql_generation")
     assert outcome.available and outcome.generation == 1
+
+
+def test_the_cli_publishes_through_the_same_job_when_dagster_home_is_set(
+        clone: Path, published_demo: PublishedDemo, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    home = dagster_home(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    (clone / "evidence" / "evaluation.yaml").write_text(
+        (DATA / "evaluation-small.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    new = commit(clone, "Shorter evaluation set")
+    ok = cli("workspace", "publish", str(clone))
+    assert ok.exit_code == 0, ok.output
+    lines = ok.stdout.splitlines()
+    assert "• candidate generation 2" in lines
+    assert lines[-1].startswith(f"generation 2 serves revision {new[:12]}")
+    assert pointers(clone) == (new, 2)
+
+    (clone / "evidence" / "evaluation.yaml").write_text(FAILING_EVALUATION, encoding="utf-8")
+    commit(clone, "An evaluation query nothing answers")
+    refused = cli("workspace", "publish", str(clone), "--json")
+    assert refused.exit_code == 1  # the gate's own error, as without Dagster
+    doc = json.loads(refused.stdout)
+    assert doc["code"] == "evaluation_gate_failed" and doc["generation"] == 3
+    assert doc["serving"] == {"revision": new, "generation": 2}
+    assert pointers(clone) == (new, 2)
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = sorted(instance.get_runs(), key=lambda r: r.run_id)
+        assert {r.job_name for r in runs} == {"publish_revision"}
+        assert sorted(r.status.value for r in runs) == ["FAILURE", "SUCCESS"]
+        assert all(r.tags["tht/trigger"] == "cli" for r in runs)

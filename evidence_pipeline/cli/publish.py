@@ -76,11 +76,17 @@ def publish_cmd(workspace_root: Path, revision: str | None, as_json: bool) -> No
     from evidence_pipeline.publishing.publish import GateFailed, PublishError, publish_revision
 
     out = stderr if as_json else stdout
+    run = publish_revision
     try:
+        # --- Dagster: with DAGSTER_HOME set, the same function runs as the job publish_revision
+        from evidence_pipeline.orchestration import runs
+
+        if runs.enabled():
+            run = runs.run_publish  # same contract, recorded in Dagster
+        # --- end Dagster ----------------------------------------------------------------------
         with embedding_bar() as bar:
-            result = publish_revision(workspace_root, revision=revision,
-                                      progress=lambda m: out.print(f"• {escape(m)}"),
-                                      embedding=bar)
+            result = run(workspace_root, revision=revision,
+                         progress=lambda m: out.print(f"• {escape(m)}"), embedding=bar)
     except GateFailed as exc:
         state = serving(workspace_root)
         if as_json:
