@@ -19,7 +19,11 @@ from evidence_pipeline.orchestration.jobs import (
     publish_job,
     source_job,
 )
-from evidence_pipeline.orchestration.operations import activate_job, prepare_source_job
+from evidence_pipeline.orchestration.operations import (
+    activate_job,
+    prepare_source_job,
+    publish_revision_job,
+)
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -53,7 +57,7 @@ defs = dg.Definitions(
     assets=dg.load_assets_from_modules([authoring, publishing, monitoring]),
     asset_checks=dg.load_asset_checks_from_modules([authoring, publishing, monitoring]),
     jobs=[prepare_job, publish_job, source_job, evaluate_active_job, activate_job,
-          prepare_source_job],
+          prepare_source_job, publish_revision_job],
     schedules=[nightly_evaluation],
     sensors=[source_partitions_sensor, activated_revision_sensor],
     resources=resources(),

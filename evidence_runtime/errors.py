@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     registry_error = "registry_error"
     registry_locked = "registry_locked"
     registry_corrupt = "registry_corrupt"
+    registry_conflict = "registry_conflict"
     stage_without_evidence = "stage_without_evidence"
     invalid_query = "invalid_query"
     unknown_stage = "unknown_stage"

@@ -346,7 +346,8 @@ class EvidenceSearcher(Closeable):
 
     def resolve_generation(self, generation: int | None = None,
                            ) -> tuple[Generation, str] | EvidenceSearchOutcome:
-        """The generation to query and the activated revision, or an unavailable outcome."""
+        """The generation to query and the activated revision (a candidate asked for explicitly:
+        the revision it was built from), or an unavailable outcome."""
         try:
             revision, active = self.registry.active_state(self.workspace_id)
             chosen = active if generation is None else self.registry.get_generation(
@@ -365,6 +366,11 @@ class EvidenceSearcher(Closeable):
             return unavailable(UnavailableCode.generation_unknown,
                                f"generation {generation} {why} and its points were removed",
                                generation=generation)
+        if generation is not None and chosen is not None and (
+                chosen.status is GenerationStatus.candidate):
+            # a candidate is evaluated by its publisher before its revision is activated
+            # (tht workspace publish switches both at once); it is never served
+            return chosen, chosen.revision
         if chosen is None:
             return unavailable(UnavailableCode.no_active_generation,
                                "no Evidence generation is active for this workspace")

@@ -330,6 +330,71 @@ def test_activation_refuses_failed_missing_and_foreign_revision_generations(
     assert statuses(reg) == {1: "candidate", 2: "failed"}
 
 
+def test_activate_generation_and_revision_moves_both_pointers_at_once(
+    reg: RegistryWriter,
+) -> None:
+    first = published(reg)
+    candidate = reg.new_generation(WS, REV_B, {})
+    assert reg.active_state(WS)[0] == REV_A  # the candidate of REV_B is built meanwhile
+    reg.activate_generation_and_revision(WS, candidate.number, expected=(REV_A, first.number))
+    revision, active = reg.active_state(WS)
+    assert (revision, active.number if active else None) == (REV_B, candidate.number)
+    assert statuses(reg) == {1: "retired", 2: "active"}
+    # back to the retained generation of REV_A, the same way
+    reg.activate_generation_and_revision(WS, first.number, expected=(REV_B, candidate.number))
+    assert reg.active_state(WS) == (REV_A, reg.get_generation(WS, first.number))
+    assert statuses(reg) == {1: "active", 2: "retired"}
+
+
+def test_activate_generation_and_revision_refuses_a_stale_expected_pair(
+    reg: RegistryWriter,
+) -> None:
+    first = published(reg)
+    candidate = reg.new_generation(WS, REV_B, {})
+    for stale in ((REV_B, first.number), (REV_A, None), (None, None), (REV_A, 99)):
+        with pytest.raises(RegistryError, match="registry changed") as info:
+            reg.activate_generation_and_revision(WS, candidate.number, expected=stale)
+        assert info.value.code == "registry_conflict"
+    failed = reg.new_generation(WS, REV_B, {})
+    reg.update_generation(WS, failed.number, status="failed")
+    with pytest.raises(RegistryError, match="failed and cannot be activated"):
+        reg.activate_generation_and_revision(WS, failed.number, expected=(REV_A, first.number))
+    with pytest.raises(RegistryError, match="has no generation 99"):
+        reg.activate_generation_and_revision(WS, 99, expected=(REV_A, first.number))
+    assert reg.active_state(WS) == (REV_A, reg.get_generation(WS, first.number))
+    assert statuses(reg) == {1: "active", 2: "candidate", 3: "failed"}
+
+
+@pytest.mark.faults
+def test_a_failure_inside_the_double_switch_changes_nothing(
+    reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = published(reg)
+    candidate = reg.new_generation(WS, REV_B, {})
+    adapter = reg._adapter
+    original = adapter.transaction
+
+    @contextmanager
+    def failing_pointer_move(*, write: bool):  # type: ignore[no-untyped-def]
+        with original(write=write) as q:
+
+            def query(sql: str, params=()):  # type: ignore[no-untyped-def]
+                if sql.startswith("UPDATE evidence_workspace SET active_generation"):
+                    raise adapter.errors[0]("injected failure")
+                return q(sql, params)
+
+            yield query
+
+    monkeypatch.setattr(adapter, "transaction", failing_pointer_move)
+    with pytest.raises(RegistryError, match="injected failure"):
+        reg.activate_generation_and_revision(WS, candidate.number,
+                                             expected=(REV_A, first.number))
+    monkeypatch.undo()
+    # the revision, the retire and the activation ran before the failure; all rolled back
+    assert reg.active_state(WS) == (REV_A, reg.get_generation(WS, first.number))
+    assert statuses(reg) == {1: "active", 2: "candidate"}
+
+
 @pytest.mark.faults
 def test_a_failure_inside_activation_changes_nothing(
     reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch

@@ -33,6 +33,7 @@ from evidence_pipeline.cli.common import (
 )
 from evidence_pipeline.cli.excerpts import excerpt_lines
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
+from evidence_pipeline.cli.publish import generations_cmd, publish_cmd
 from evidence_pipeline.cli.review import review_cmd
 from evidence_pipeline.cli.shared_records import (
     print_comparison,
@@ -549,6 +550,8 @@ evidence.add_command(import_proposals_cmd)
 evidence.add_command(review_cmd)
 evidence.add_command(suggest_cmd)
 workspace.add_command(shared_records_cmd)
+workspace.add_command(publish_cmd)
+workspace.add_command(generations_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,5 @@
-"""What operators and curators do from the Dagster UI: activate a revision, prepare one source.
+"""What operators and curators do from the Dagster UI: activate a revision, publish one with no
+maintenance window, prepare one source.
 
 Every expected refusal (an :class:`EvidenceError`: nothing activated, a dirty tree, an unknown
 revision, a busy publisher, a locked index, a refused batch …) leaves a step as a
@@ -32,9 +33,19 @@ from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change
 from evidence_pipeline.orchestration.metadata import problems_table, table
 from evidence_pipeline.orchestration.partitions import SOURCE_PARTITIONS, check_source_key
-from evidence_pipeline.orchestration.progress import forward, tell
-from evidence_pipeline.orchestration.resources import ModelBackendResource, WorkspaceResource
-from evidence_pipeline.publishing.publish import ActivationResult, activate
+from evidence_pipeline.orchestration.progress import embedding_progress, forward, tell
+from evidence_pipeline.orchestration.resources import (
+    EmbedderResource,
+    IndexResource,
+    ModelBackendResource,
+    WorkspaceResource,
+)
+from evidence_pipeline.publishing.publish import (
+    ActivationResult,
+    PublishResult,
+    activate,
+    publish_revision,
+)
 from evidence_runtime.errors import EvidenceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,6 +124,53 @@ def activate_revision(context: dg.OpExecutionContext, config: ActivateConfig,
         tags={"tht/trigger": "operator"})
 def activate_job() -> None:
     activate_revision()
+
+
+# --- publish: no maintenance window ------------------------------------------------------------
+
+
+class PublishConfig(dg.Config):
+    """Options of a publication (``tht workspace publish``)."""
+
+    revision: str | None = Field(
+        default=None, description="The Git revision to publish (a commit, tag or branch). "
+                                  "Default: HEAD, which needs a clean work tree.")
+
+
+@dg.op(out=dg.Out(PublishResult), pool="index")
+@refusals
+def publish_and_switch(context: dg.OpExecutionContext, config: PublishConfig,
+                       workspace: WorkspaceResource, index: IndexResource,
+                       embedder: EmbedderResource) -> Iterator[Any]:
+    """Build, verify and evaluate the revision's generation while the current one serves, then
+    switch the activated revision and the active generation in one registry transaction. A
+    failed gate or load leaves the step failed and both pointers as they were."""
+    ws = workspace.load()
+    result = publish_revision(ws, revision=config.revision, embedder=embedder.make(ws),
+                              index_factory=lambda w, dim: index.open(w, dense_dim=dim),
+                              progress=lambda m: tell(context, m),
+                              embedding=embedding_progress(context))
+    assert result.evaluation is not None  # switched: its gate passed
+    s = result.evaluation.summary
+    metadata: dict[str, Any] = {
+        "generation": dg.MetadataValue.int(result.generation),
+        "revision": result.revision,
+        "hit@10": f"{s.hit_at_10}/{s.queries}",
+        "retired_points_deleted": ", ".join(map(str, result.retired_points_deleted)) or "none"}
+    tell(context, f"generation {result.generation} serves revision {result.revision[:12]} "
+                  "(revision and generation switched together)")
+    # the asset the switch changed, recorded as a publish run of the asset job records it
+    yield dg.AssetMaterialization("active_generation", metadata=metadata)
+    yield dg.Output(result, metadata=metadata)
+
+
+@dg.job(name="publish_revision",
+        description="tht workspace publish: build and evaluate the revision's generation (config: "
+                    "revision; default HEAD of a clean tree) while the current one serves, then "
+                    "switch revision and generation together. A failed gate changes nothing.",
+        tags={"tht/trigger": "operator", "dagster/priority": "10"})
+def publish_revision_job() -> None:
+    publish_and_switch()
 
 
 # --- one source: the preview, and a prepare of that source alone ---------------------------------

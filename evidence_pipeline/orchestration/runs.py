@@ -1,6 +1,7 @@
-"""The CLI's bridge to Dagster: with ``DAGSTER_HOME`` set, ``tht evidence prepare`` and
-``tht workspace preprocess evidence`` execute the ``prepare`` and ``publish`` jobs in-process
-against that instance, so a curator's run appears in the Dagster UI.
+"""The CLI's bridge to Dagster: with ``DAGSTER_HOME`` set, ``tht evidence prepare``,
+``tht workspace preprocess evidence`` and ``tht workspace publish`` execute the ``prepare``,
+``publish`` and ``publish_revision`` jobs in-process against that instance, so a curator's run
+appears in the Dagster UI.
 
 Results and errors are the plain functions' own: the same :class:`PrepareResult` or
 :class:`PublishResult`, the same :class:`PrepareError`, :class:`PublishError` or
@@ -186,6 +187,32 @@ def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None,
         require_publishable(result.output_for_node(published_corpus.node_def.name))
     if evaluation_gate.check_key.name in failed:
         raise gate_failure(result.output_for_node(generation_evaluation.node_def.name))
+    _raise_step_failure(result, failures)
+    raise AssertionError("unreachable")
+
+
+def run_publish(root: Path, *, revision: str | None = None,
+                progress: Callable[[Any], None] | None = None,
+                embedding: Callable[[Any], None] | None = None) -> PublishResult:
+    """``tht workspace publish`` as the Dagster job ``publish_revision``; raises what
+    :func:`publish_revision` raises (a failed gate: :class:`GateFailed` with its report)."""
+    from evidence_pipeline.orchestration.operations import (
+        publish_and_switch,
+        publish_revision_job,
+    )
+    from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
+
+    def heard(item: Any) -> None:
+        if isinstance(item, EmbeddingProgress):
+            if embedding is not None:
+                embedding(item)
+        elif progress is not None:
+            progress(item)
+
+    config = {"ops": {publish_and_switch.name: {"config": {"revision": revision}}}}
+    result, failures = _execute(publish_revision_job.name, root, config, heard)
+    if result.success:
+        return result.output_for_node(publish_and_switch.name)
     _raise_step_failure(result, failures)
     raise AssertionError("unreachable")
 

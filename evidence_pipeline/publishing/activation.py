@@ -1,16 +1,20 @@
 """``tht workspace activate`` (spec §7.2, §13.2): record the revision to publish; a retained
-generation of that revision becomes active again at once (explicit rollback)."""
+generation of that revision becomes active again at once (explicit rollback).
+:func:`list_generations` (``tht workspace generations``) says which generations and revisions
+such a rollback can reach."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from evidence_pipeline.gitrepo import require_clean, resolve_revision
+from evidence_pipeline.gitrepo import open_repo, require_clean, resolve_revision
 from evidence_pipeline.publishing.guard import PublishError, open_registry, publish_lock
 from evidence_runtime.errors import EvidenceError, IndexMissingError
 from evidence_runtime.index import open_index
-from evidence_runtime.registry import Generation
+from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.search import index_config, missing_points
 from evidence_runtime.workspace import Workspace, load_workspace
 
@@ -76,3 +80,109 @@ def _lost_points(ws: Workspace, generation: Generation) -> str | None:
                            f"points: {exc}", code=exc.code, path=str(ws.root)) from exc
     finally:
         index.close()
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One generation as ``tht workspace generations`` lists it.
+
+    ``state``: ``serving`` (active, built from the activated revision), ``active`` (active, but
+    another revision is activated: the maintenance window of ``activate``), ``retained``
+    (retired, its points kept: a rollback target), ``discarded`` (retired, its points deleted
+    by retention), ``failed`` or ``candidate``. ``rollback``: ``tht workspace activate
+    --revision <revision>`` would make this generation serve again at once (it is the newest
+    retained generation of its revision, and it is not serving now).
+    """
+
+    number: int
+    revision: str
+    subject: str | None  # the commit's first line; None when the clone does not have it
+    state: str
+    active: bool
+    rollback: bool
+    evaluated: bool
+    gate_passed: bool | None
+    hit_at_5: int | None
+    hit_at_10: int | None
+    queries: int | None
+    units: int | None
+    fragments: int | None
+    created_at: str
+    activated_at: str | None
+
+
+@dataclass(frozen=True)
+class GenerationsReport:
+    """The generations of a workspace, newest first, and the two registry pointers; what
+    ``tht workspace generations --json`` prints and the Dagster asset metadata shows."""
+
+    workspace_id: str
+    activated_revision: str | None
+    active_generation: int | None
+    generations: list[GenerationRow] = field(default_factory=list[GenerationRow])
+
+    @property
+    def rollback_targets(self) -> list[GenerationRow]:
+        """The generations a rollback can reach, one per revision, newest first."""
+        return [g for g in self.generations if g.rollback]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workspace_id": self.workspace_id,
+                "activated_revision": self.activated_revision,
+                "active_generation": self.active_generation,
+                "serving": self.activated_revision is not None and any(
+                    g.state == "serving" for g in self.generations),
+                "generations": [asdict(g) for g in self.generations],
+                "rollback_revisions": [g.revision for g in self.rollback_targets]}
+
+
+def list_generations(root: Workspace | Path | str) -> GenerationsReport:
+    """Every generation of the workspace at ``root`` with its state, evaluation and whether a
+    rollback (``tht workspace activate --revision``) reaches it; reads the registry only
+    (nothing is written; a registry never written to lists nothing)."""
+    ws = root if isinstance(root, Workspace) else load_workspace(root)
+    wid = ws.config.workspace_id
+    with Registry.open(ws.registry_url) as registry:
+        revision, active = registry.active_state(wid)
+        generations = registry.generations(wid)
+    subjects = _subjects(ws.root, {g.revision for g in generations})
+    seen: set[str] = set()  # revisions whose newest retained generation was met
+    rows: list[GenerationRow] = []
+    for g in generations:  # newest first, as the rollback looks them up
+        retained = g.counts.get("points_retained", True) is not False
+        is_active = active is not None and g.number == active.number
+        if is_active:
+            state = "serving" if g.revision == revision else "active"
+        elif g.status is GenerationStatus.retired:
+            state = "retained" if retained else "discarded"
+        else:
+            state = g.status.value
+        reachable = g.status in (GenerationStatus.active, GenerationStatus.retired) and retained
+        rollback = reachable and g.revision not in seen and state != "serving"
+        if reachable:
+            seen.add(g.revision)
+        summary = (g.evaluation or {}).get("summary") or {}
+        rows.append(GenerationRow(
+            number=g.number, revision=g.revision, subject=subjects.get(g.revision), state=state,
+            active=is_active, rollback=rollback, evaluated=g.evaluation is not None,
+            gate_passed=summary.get("gate_passed"), hit_at_5=summary.get("hit_at_5"),
+            hit_at_10=summary.get("hit_at_10"), queries=summary.get("queries"),
+            units=g.counts.get("units"), fragments=g.counts.get("fragments"),
+            created_at=g.created_at, activated_at=g.activated_at))
+    return GenerationsReport(wid, revision, None if active is None else active.number, rows)
+
+
+def _subjects(root: Path, revisions: set[str]) -> dict[str, str]:
+    """The first line of each revision's commit message (best effort: a revision the clone
+    lacks, or no repository at all, is left out)."""
+    out: dict[str, str] = {}
+    if not revisions:
+        return out
+    with contextlib.suppress(EvidenceError), open_repo(root) as repo:
+        for sha in revisions:
+            with contextlib.suppress(Exception):  # GitPython raises ValueError/BadName
+                message = repo.commit(sha).message
+                text = message.decode("utf-8", "replace") if isinstance(message, bytes) \
+                    else message
+                out[sha] = text.strip().splitlines()[0] if text.strip() else ""
+    return out

@@ -130,9 +130,14 @@ def gate_failure(report: EvaluationReport) -> GateFailed:
 
 def activate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter,
                        candidate: Candidate, report: EvaluationReport, *,
-                       say: Progress) -> list[int]:
+                       say: Progress,
+                       expected: tuple[str | None, int | None] | None = None) -> list[int]:
     """Switch the active pointer to the candidate (only after its gate passed), then apply
-    retention; returns the generations whose points were deleted."""
+    retention; returns the generations whose points were deleted.
+
+    With ``expected`` (``(activated_revision, active_generation)`` as read before the candidate
+    was built: ``tht workspace publish``) the activated revision moves to the candidate's in the
+    same registry transaction, compare-and-set on both pointers."""
     if report.generation != candidate.generation:
         raise PublishError(f"the evaluation is of generation {report.generation}, not of the "
                            f"candidate {candidate.generation}; evaluate the candidate first",
@@ -143,7 +148,11 @@ def activate_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWrit
     with publish_lock(ws):
         with compensating(registry, index, wid, candidate.generation):
             try:
-                registry.activate_generation(wid, candidate.generation)
+                if expected is None:
+                    registry.activate_generation(wid, candidate.generation)
+                else:
+                    registry.activate_generation_and_revision(wid, candidate.generation,
+                                                              expected=expected)
             except RegistryError:
                 # the write may have committed and only its answer been lost (a connection
                 # dropped after COMMIT): then the generation is active and must be kept

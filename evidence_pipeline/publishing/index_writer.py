@@ -18,6 +18,7 @@ in Edge, and with ``QdrantClient(":memory:")``, Edge's ``Bm25`` embedder.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,12 @@ from evidence_runtime.index import (
 )
 from evidence_runtime.index.base import Bm25Settings, as_floats, bm25_model, cached_bm25
 from evidence_runtime.index.config import server_client
-from evidence_runtime.index.edge import EDGE_CONFIG_FILE, edge_filter, edge_open_error
+from evidence_runtime.index.edge import (
+    EDGE_CONFIG_FILE,
+    edge_filter,
+    edge_open_error,
+    shard_lock,
+)
 from evidence_runtime.index.edge import shard_exists as edge_shard_exists
 
 __all__ = [
@@ -222,9 +228,13 @@ class EdgeIndexWriter(EdgeIndex):
         return index
 
     def _create(self, dense_dim: int) -> None:
+        if self._lock_fd is None:
+            self._lock_fd = shard_lock(self.path)  # held until close, as by every open
         try:
             self._shard = qe.EdgeShard.create(str(self.path), _edge_config(dense_dim))
         except Exception as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = None
             raise edge_open_error(exc, self.path) from exc
 
     def _persisted_config(self) -> dict[str, Any]:

@@ -30,10 +30,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evidence_pipeline.formats.evalset import read_evaluation
 from evidence_pipeline.formats.fragments import Fragment
+from evidence_pipeline.gitrepo import require_clean, resolve_revision
 from evidence_pipeline.publishing.activation import ActivationResult, activate
 from evidence_pipeline.publishing.candidate import (
     POINT_NAMESPACE,
@@ -104,6 +106,7 @@ __all__ = [
     "point_id",
     "preprocess",
     "publish_lock",
+    "publish_revision",
     "recover_interrupted",
     "require_publishable",
     "verify_generation",
@@ -142,42 +145,87 @@ def preprocess(root: Any, *, progress: Progress | None = None,
     embedded, and its subclass ``PhaseProgress`` while curated files are validated, points
     uploaded and queries evaluated.
     """
-    say = progress or (lambda _msg: None)
     ws = load_workspace(root)
     index_config(ws)  # an index setting that contradicts itself is refused before any work
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
     with publish_lock(ws), open_registry(ws) as registry:
         revision = activated_revision(ws, registry)
-        say(f"revision {revision[:12]}: materializing from Git")
-        corpus = materialize_corpus(ws, revision, progress=embedding)
-        require_publishable(corpus)
-        evalset = read_evaluation(corpus.evidence_dir)
-        timings["validate_s"] = time.perf_counter() - t0
+        return _run(ws, registry, revision, None, progress=progress, embedding=embedding,
+                    embedder=embedder, index_factory=index_factory)
 
-        t = time.perf_counter()
-        frags = cut_fragments(ws, corpus.loaded)
-        timings["fragments_s"] = time.perf_counter() - t
-        say(f"{len(corpus.loaded)} units → {len(frags)} fragments")
 
-        t = time.perf_counter()
-        emb, vectors, computed = embed_fragments(ws, frags, embedder, progress=embedding)
-        timings["embed_s"] = time.perf_counter() - t
-        say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
+def publish_revision(root: Workspace | Path | str, *, revision: str | None = None,
+                     progress: Progress | None = None,
+                     embedding: Callable[[EmbeddingProgress], None] | None = None,
+                     embedder: Embedder | None = None,
+                     index_factory: Callable[[Workspace, int], IndexWriter] | None = None,
+                     ) -> PublishResult:
+    """``tht workspace publish``: publish ``revision`` (default: HEAD of a clean tree) without a
+    maintenance window.
 
-        index = open_target_index(ws, emb.dim, index_factory)
-        try:
-            return _publish(ws, registry, index, emb, revision, corpus.loaded, frags, vectors,
-                            evalset, computed, timings, say, t0, embedding)
-        finally:
-            index.close()
+    The candidate generation of the revision is built, verified and evaluated while the current
+    generation keeps serving the activated revision; then the activated revision and the active
+    generation move together in one registry transaction, compare-and-set on both pointers as
+    read before the build (``RegistryWriter.activate_generation_and_revision``). Search sees the
+    old pair or the new pair, never a mismatch. Any failure — the corpus not publishable, the
+    gate, the upload, a registry that changed meanwhile — raises :class:`PublishError` (a
+    failed gate: :class:`GateFailed`) and changes neither pointer: the previous revision is
+    still served. ``activate`` + ``preprocess`` keep working as spec §13.2 describes.
+    """
+    ws = root if isinstance(root, Workspace) else load_workspace(root)
+    index_config(ws)  # an index setting that contradicts itself is refused before any work
+    if revision is None:
+        require_clean(ws.root, (), what="publish HEAD")
+        sha = resolve_revision(ws.root, "HEAD")
+    else:
+        sha = resolve_revision(ws.root, revision)
+    with publish_lock(ws), open_registry(ws) as registry:
+        serving_revision, serving = registry.active_state(ws.config.workspace_id)
+        expected = (serving_revision, None if serving is None else serving.number)
+        return _run(ws, registry, sha, expected, progress=progress, embedding=embedding,
+                    embedder=embedder, index_factory=index_factory)
+
+
+def _run(ws: Workspace, registry: RegistryWriter, revision: str,
+         expected: tuple[str | None, int | None] | None, *, progress: Progress | None,
+         embedding: Callable[[EmbeddingProgress], None] | None, embedder: Embedder | None,
+         index_factory: Callable[[Workspace, int], IndexWriter] | None) -> PublishResult:
+    """The stages of a publication of ``revision``, under the publish lock; ``expected`` as
+    :func:`activate_candidate` takes it (None: the revision is already activated)."""
+    say = progress or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    # every generation read back now: a corrupt registry stops the run before any work
+    registry.generations(ws.config.workspace_id)
+    say(f"revision {revision[:12]}: materializing from Git")
+    corpus = materialize_corpus(ws, revision, progress=embedding)
+    require_publishable(corpus)
+    evalset = read_evaluation(corpus.evidence_dir)
+    timings["validate_s"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    frags = cut_fragments(ws, corpus.loaded)
+    timings["fragments_s"] = time.perf_counter() - t
+    say(f"{len(corpus.loaded)} units → {len(frags)} fragments")
+
+    t = time.perf_counter()
+    emb, vectors, computed = embed_fragments(ws, frags, embedder, progress=embedding)
+    timings["embed_s"] = time.perf_counter() - t
+    say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
+
+    index = open_target_index(ws, emb.dim, index_factory)
+    try:
+        return _publish(ws, registry, index, emb, revision, corpus.loaded, frags, vectors,
+                        evalset, computed, timings, say, t0, embedding, expected)
+    finally:
+        index.close()
 
 
 def _publish(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: Embedder,
              revision: str, loaded: list[LoadedUnit], frags: list[tuple[LoadedUnit, Fragment]],
              vectors: Any, evalset: Any, computed: int, timings: dict[str, float],
              say: Progress, t0: float,
-             progress: Callable[[EmbeddingProgress], None] | None) -> PublishResult:
+             progress: Callable[[EmbeddingProgress], None] | None,
+             expected: tuple[str | None, int | None] | None) -> PublishResult:
     candidate = build_candidate(ws, registry, index, emb, revision, loaded, frags, vectors,
                                 computed=computed, say=say, progress=progress)
     timings.update(candidate.timings)
@@ -187,7 +235,8 @@ def _publish(ws: Workspace, registry: RegistryWriter, index: IndexWriter, emb: E
     timings["evaluate_s"] = time.perf_counter() - t
     if not report.gate_passed:
         raise gate_failure(report)
-    deleted = activate_candidate(ws, registry, index, candidate, report, say=say)
+    deleted = activate_candidate(ws, registry, index, candidate, report, say=say,
+                                 expected=expected)
     timings["total_s"] = time.perf_counter() - t0
     return PublishResult(generation=candidate.generation, revision=revision, activated=True,
                          evaluation=report, counts=candidate.counts, timings=timings,

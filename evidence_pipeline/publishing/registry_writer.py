@@ -4,7 +4,9 @@ Invariants, kept by the database and by running every change in one write transa
 generation numbers are monotonic per workspace and never reused (a counter on the workspace
 row, not ``MAX(number) + 1``); at most one generation per workspace is ``active`` (a partial
 unique index) and the workspace's pointer names exactly that one; activation retires the
-previous active generation, activates the new one and moves the pointer all at once.
+previous active generation, activates the new one and moves the pointer all at once;
+``activate_generation_and_revision`` also moves the activated revision in that same transaction
+(``tht workspace publish``: no maintenance window), compare-and-set on both pointers.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from evidence_runtime.errors import RegistryError
+from evidence_runtime.errors import ErrorCode, RegistryError
 from evidence_runtime.registry import (
     SCHEMA_VERSION,
     Generation,
@@ -285,3 +287,68 @@ class RegistryWriter(Registry):
                 "UPDATE evidence_workspace SET active_generation = ? WHERE workspace_id = ?",
                 (number, workspace_id),
             )
+
+    def activate_generation_and_revision(
+        self,
+        workspace_id: str,
+        number: int,
+        *,
+        expected: tuple[str | None, int | None],
+    ) -> None:
+        """Serve generation ``number``: its revision becomes the activated revision and it the
+        active generation, in one transaction, so a reader never sees one pointer moved without
+        the other (``tht workspace publish``: no maintenance window).
+
+        Compare-and-set: ``expected`` is ``(activated_revision, active_generation)`` as the
+        caller read them before building the candidate; when another writer moved either one
+        since, :class:`RegistryError` ``registry_conflict`` and nothing changes. The generation
+        must be a candidate or a retired one; the previous active generation becomes
+        ``retired``.
+        """
+        _check_id(workspace_id, "workspace_id")
+        now = _now()
+        with self._tx("activate a generation and its revision in", write=True) as q:
+            revision, active, _ = self._lock_workspace(q, workspace_id, now)
+            if (revision, active) != tuple(expected):
+                raise RegistryError(
+                    f"workspace {workspace_id!r}: the registry changed while generation {number} "
+                    f"was being built (expected revision {_short(expected[0])} and generation "
+                    f"{expected[1]}, found revision {_short(revision)} and generation {active}); "
+                    "nothing was switched, publish again",
+                    code=ErrorCode.registry_conflict, path=self.location,
+                )
+            generation = self._select_generation(q, workspace_id, number)
+            if generation is None:
+                raise self._missing(workspace_id, number)
+            if generation.status is GenerationStatus.failed:
+                raise RegistryError(
+                    f"workspace {workspace_id!r}: generation {number} failed and cannot be "
+                    "activated",
+                    path=self.location,
+                )
+            if generation.status is not GenerationStatus.active:
+                q(
+                    "UPDATE evidence_generation SET status = ?, updated_at = ? "
+                    "WHERE workspace_id = ? AND status = ?",
+                    (GenerationStatus.retired.value, now, workspace_id,
+                     GenerationStatus.active.value),
+                )
+                q(
+                    "UPDATE evidence_generation SET status = ?, activated_at = ?, updated_at = ? "
+                    "WHERE workspace_id = ? AND number = ?",
+                    (GenerationStatus.active.value, now, now, workspace_id, number),
+                )
+            if revision != generation.revision:
+                q(
+                    "UPDATE evidence_workspace SET activated_revision = ?, "
+                    "revision_activated_at = ? WHERE workspace_id = ?",
+                    (generation.revision, now, workspace_id),
+                )
+            q(
+                "UPDATE evidence_workspace SET active_generation = ? WHERE workspace_id = ?",
+                (number, workspace_id),
+            )
+
+
+def _short(revision: str | None) -> str:
+    return "none" if revision is None else revision[:12]

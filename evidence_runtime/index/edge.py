@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import time
@@ -47,6 +48,7 @@ __all__ = [
     "edge_filter",
     "edge_open_error",
     "shard_exists",
+    "shard_lock",
 ]
 
 EDGE_CONFIG_FILE = "edge_config.json"
@@ -72,13 +74,51 @@ def edge_open_error(exc: Exception, path: Path, *, waited: float = 0.0) -> Index
     ``waited`` seconds), or it is unusable."""
     message = str(exc)
     if "WouldBlock" in message:
-        after = f"; still after waiting {waited:g} s (index.lock_wait_s)" if waited else ""
-        return IndexLockedError(
-            "the embedded index is open in another process (Qdrant Edge allows one process "
-            f"at a time){after}; close it there, or point the workspace at a Qdrant server",
-            path=str(path),
-        )
+        return _locked_error(path, waited)
     return IndexUnavailableError(f"cannot open the embedded index: {message}", path=str(path))
+
+
+def _locked_error(path: Path, waited: float) -> IndexLockedError:
+    after = f"; still after waiting {waited:g} s (index.lock_wait_s)" if waited else ""
+    return IndexLockedError(
+        "the embedded index is open in another process (Qdrant Edge allows one process "
+        f"at a time){after}; close it there, or point the workspace at a Qdrant server",
+        path=str(path),
+    )
+
+
+def shard_lock(path: Path, lock_wait_s: float = 0.0) -> int:
+    """Take the exclusive ``flock`` on ``<shard>.lock`` (beside the shard directory) that every
+    open of the shard holds until the shard is closed; returns its descriptor (close it to
+    release). :class:`IndexLockedError` when another open holds it longer than ``lock_wait_s``.
+
+    The engine's own lock covers only the shard's WAL, taken partway through a load and dropped
+    partway through a close: without this one, a process could load the segments while another
+    was still writing them (seen as points without their payload in a search during a
+    publication). Released by the kernel when the process dies, so never stale.
+    """
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise IndexUnavailableError(f"cannot open the index lock: {exc.strerror}",
+                                    path=str(lock_path)) from None
+    deadline = time.monotonic() + max(lock_wait_s, 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.close(fd)
+                raise _locked_error(path, lock_wait_s) from None
+        except OSError as exc:
+            os.close(fd)
+            raise IndexUnavailableError(f"cannot take the index lock: {exc.strerror}",
+                                        path=str(lock_path)) from None
+        time.sleep(min(LOCK_POLL_S, left))
 
 
 def shard_exists(path: Path) -> bool:
@@ -140,6 +180,7 @@ class EdgeIndex(EvidenceIndex):
         self._closed = False
         self._bm25 = bm25  # built once: the per-query cost is only tokenizing the text
         self._bm25_models: dict[Bm25Settings, qe.Bm25] = {}  # other generations' settings
+        self._lock_fd: int | None = None  # shard_lock's, held while the shard is open
 
     @classmethod
     def open(
@@ -153,7 +194,16 @@ class EdgeIndex(EvidenceIndex):
         bm25 = bm25_model(language)  # a bad language fails before any file is touched
         if not shard_exists(path):
             raise IndexMissingError("no embedded index at this path", path=str(path))
-        return cls(path, cls._load(path, lock_wait_s), language=language, bm25=bm25)
+        started = time.monotonic()
+        fd = shard_lock(path, lock_wait_s)
+        try:
+            left = max(lock_wait_s - (time.monotonic() - started), 0.0)
+            index = cls(path, cls._load(path, left), language=language, bm25=bm25)
+        except BaseException:
+            os.close(fd)
+            raise
+        index._lock_fd = fd
+        return index
 
     @staticmethod
     def _load(path: Path, lock_wait_s: float = 0.0) -> qe.EdgeShard:
@@ -255,7 +305,12 @@ class EdgeIndex(EvidenceIndex):
             return
         self._closed = True
         shard, self._shard = self._shard, None
-        if shard is not None:
-            with contextlib.suppress(Exception):
-                shard.flush()
-            shard.close()
+        try:
+            if shard is not None:
+                with contextlib.suppress(Exception):
+                    shard.flush()
+                shard.close()
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)  # only once the engine has let go of every file
