@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -180,3 +181,44 @@ def evaluation_metadata(report: EvaluationReport) -> dict[str, Any]:
         "report": dg.MetadataValue.json(report.model_dump(mode="json")),
         "regressions": regressions_text(report),
     }
+
+
+# --- links to the commit and files (THT_COMMIT_URL, THT_FILE_URL) --------------------------------
+
+COMMIT_URL_ENV = "THT_COMMIT_URL"  # e.g. https://git.example.org/team/ws/-/commit/{commit}
+FILE_URL_ENV = "THT_FILE_URL"  # e.g. https://git.example.org/team/ws/-/blob/{commit}/{path}
+
+
+def _link(env: str, **values: str) -> dg.MetadataValue | None:
+    template = os.environ.get(env, "").strip()
+    if not template:
+        return None
+    try:
+        return dg.MetadataValue.url(template.format(**values))
+    except (KeyError, IndexError, ValueError):
+        warnings.warn(f"{env} must use only {{{'}, {'.join(values)}}}: {template!r}",
+                      stacklevel=2)
+        return None
+
+
+def commit_links(commit: str | None) -> dict[str, Any]:
+    """``commit`` (the id) and, when ``THT_COMMIT_URL`` is a template, ``commit_url``."""
+    if not commit:
+        return {}
+    out: dict[str, Any] = {"commit": commit}
+    url = _link(COMMIT_URL_ENV, commit=commit)
+    if url is not None:
+        out["commit_url"] = url
+    return out
+
+
+def file_link(commit: str | None, path: str) -> dict[str, Any]:
+    """``file_url`` for the repository path ``path`` at ``commit`` (``THT_FILE_URL``)."""
+    url = _link(FILE_URL_ENV, commit=commit, path=path) if commit else None
+    return {"file_url": url} if url is not None else {}
+
+
+def source_links(ws: Any, commit: str | None, key: str) -> dict[str, Any]:
+    """The commit and the note's file links of a source partition ``key``."""
+    rel = (ws.evidence_dir.relative_to(ws.root) / key).as_posix()
+    return {**commit_links(commit), "path": rel, **file_link(commit, rel)}
