@@ -19,8 +19,13 @@ from evidence_pipeline.orchestration.jobs import (
     publish_job,
     source_job,
 )
+from evidence_pipeline.orchestration.monitoring import save_evaluation_baseline_job
 from evidence_pipeline.orchestration.observation import source_changes_sensor
-from evidence_pipeline.orchestration.operations import activate_job, prepare_source_job
+from evidence_pipeline.orchestration.operations import (
+    activate_job,
+    prepare_source_job,
+    rollback_job,
+)
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
@@ -54,7 +59,7 @@ defs = dg.Definitions(
     assets=dg.load_assets_from_modules([observation, authoring, publishing, monitoring]),
     asset_checks=dg.load_asset_checks_from_modules([authoring, publishing, monitoring]),
     jobs=[prepare_job, publish_job, source_job, evaluate_active_job, activate_job,
-          prepare_source_job],
+          prepare_source_job, rollback_job, save_evaluation_baseline_job],
     schedules=[nightly_evaluation],
     sensors=[source_partitions_sensor, source_changes_sensor, activated_revision_sensor],
     resources=resources(),

@@ -49,6 +49,7 @@ from evidence_pipeline.orchestration.observation import (
     EVIDENCE_SOURCE,
     committed_blobs,
     head_commit,
+    observed,
 )
 from evidence_pipeline.orchestration.operations import (
     Refusal,
@@ -184,10 +185,11 @@ def record_sources(context: dg.AssetExecutionContext, ws: Workspace, keys: list[
     refused: dict[str, EvidenceError] = {}
 
     def record(stage: str, key: str, version: str, metadata: dict[str, Any],
-               inputs: dict[str, str]) -> None:
+               inputs: dict[str, str], pointers: dict[str, int] | None = None) -> None:
         if stage in stages:
             context.log_event(dg.AssetMaterialization(
-                stage, partition=key, metadata=metadata, tags=version_tags(version, inputs)))
+                stage, partition=key, metadata=metadata,
+                tags=version_tags(version, inputs, pointers=pointers)))
 
     for key in keys:
         change = changes.get(key)
@@ -197,11 +199,14 @@ def record_sources(context: dg.AssetExecutionContext, ws: Workspace, keys: list[
             continue
         src = change.source
         hashed = _source_version(change)
+        # the note as committed is the input (a committed edit then shows this stale)
         inputs = {"evidence_source": blobs[key]} if key in blobs else {}
+        pointer = observed(context.instance, key, blobs[key]) if key in blobs else None
         record("source_file", key, hashed, {
             "sha256": src.sha256, "change": change.change.value,
             "characters": dg.MetadataValue.int(len(src.text)),
-            **source_links(ws, commit, key)}, inputs)
+            **source_links(ws, commit, key)}, inputs,
+            {"evidence_source": pointer} if pointer is not None else None)
         normalized = _digest(src.normalized)
         record("normalized_source", key, normalized, {
             "lines": dg.MetadataValue.int(src.normalized.count("\n")),

@@ -65,18 +65,23 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def version_tags(data_version: str, inputs: Mapping[str, str] | None = None) -> dict[str, str]:
+def version_tags(data_version: str, inputs: Mapping[str, str] | None = None, *,
+                 pointers: Mapping[str, int] | None = None) -> dict[str, str]:
     """The tags that give a materialization logged with ``context.log_event`` its data version,
     code version and inputs' data versions, as ``dg.Output(data_version=...)`` records them for
     the step's own asset: the UI then shows the version and what is stale per partition.
 
-    An input's event pointer is left unset (its storage id is not known while the step runs):
-    Dagster then compares the input's data versions only."""
+    An input's event pointer is left unset unless ``pointers`` gives its storage id (its
+    storage id is not known while the step runs): Dagster then compares the input's data
+    versions only. A partitioned input needs its pointer: Dagster compares the partition's
+    events after it (``evidence_source``, observed by a sensor, has one)."""
     tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
             CODE_VERSION_TAG: code_version()}
     for key, version in (inputs or {}).items():
         tags[get_input_data_version_tag(dg.AssetKey(key))] = version
-        tags[get_input_event_pointer_tag(dg.AssetKey(key))] = NULL_EVENT_POINTER
+        pointer = (pointers or {}).get(key)
+        tags[get_input_event_pointer_tag(dg.AssetKey(key))] = (
+            NULL_EVENT_POINTER if pointer is None else str(pointer))
     return tags
 
 
@@ -222,3 +227,39 @@ def source_links(ws: Any, commit: str | None, key: str) -> dict[str, Any]:
     """The commit and the note's file links of a source partition ``key``."""
     rel = (ws.evidence_dir.relative_to(ws.root) / key).as_posix()
     return {**commit_links(commit), "path": rel, **file_link(commit, rel)}
+
+
+# --- generations: what serves, what one can roll back to -----------------------------------------
+
+
+def generations_metadata(generations: Sequence[Any], active: int | None) -> dict[str, Any]:
+    """The generations of the workspace (newest first) as the UI shows them beside
+    ``active_generation``: number, revision, status, when built and activated, hit@10, and
+    whether the ``rollback`` job can make it active again; ``rollback_targets`` lists those.
+
+    SEAM: built on ``Registry.generations`` as the registry gives it today; it will call
+    ``evidence_pipeline.publishing.activation.list_generations`` (``tht workspace
+    generations``) once that is merged, so the UI and the CLI list the same rows."""
+    rows = []
+    targets = []
+    for g in generations:
+        status = getattr(g.status, "value", g.status)
+        retained = bool(g.counts.get("points_retained", True))
+        evaluation = g.evaluation or {}
+        summary = evaluation.get("summary", evaluation)
+        hit = (f"{summary['hit_at_10']}/{summary['queries']}"
+               if "hit_at_10" in summary and "queries" in summary else None)
+        can = status in ("active", "retired") and retained and g.number != active
+        if can:
+            targets.append(g.number)
+        rows.append((g.number, g.revision[:12], "active (serving)" if g.number == active
+                     else status, g.created_at, g.activated_at, hit,
+                     "yes" if can else "no"))
+    out: dict[str, Any] = {
+        "generations": dg.MetadataValue.md(table(
+            ("generation", "revision", "status", "created", "activated", "hit@10",
+             "rollback target"), rows)),
+        "rollback_targets": ", ".join(map(str, targets)) or "none"}
+    if active is not None:
+        out["active_generation"] = dg.MetadataValue.int(active)
+    return out

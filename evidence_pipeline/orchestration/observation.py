@@ -102,3 +102,16 @@ def source_changes_sensor(context: dg.SensorEvaluationContext,
                       tags={"tht/trigger": "sensor", "tht/source": k}) for k in changed]
     return dg.SensorResult(run_requests=runs, asset_events=observations,
                            cursor=json.dumps(blobs, sort_keys=True))
+
+
+def observed(instance: dg.DagsterInstance, key: str, blob: str) -> int | None:
+    """The storage id of the observation of ``key`` whose data version is ``blob`` when it is
+    the latest (the event a materialization that read this blob records as its input), else
+    None (not observed yet, or observed before the last commit)."""
+    record = instance.get_latest_data_version_record(EVIDENCE_SOURCE, True, key)
+    if record is None:
+        return None
+    event = record.event_log_entry.asset_observation
+    if event is None or event.tags.get(DATA_VERSION_TAG) != blob:
+        return None
+    return record.storage_id

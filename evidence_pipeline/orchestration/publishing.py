@@ -32,9 +32,11 @@ from evidence_pipeline.orchestration.authoring import curated_corpus, validation
 from evidence_pipeline.orchestration.metadata import (
     OPERATORS,
     catalog,
+    commit_links,
     corpus_metadata,
     digest,
     evaluation_metadata,
+    generations_metadata,
     misses_metadata,
     version_tags,
 )
@@ -133,7 +135,7 @@ def published_corpus(context: dg.AssetExecutionContext,
     tell(context, f"revision {revision[:12]}: materializing from Git")
     corpus = materialize_corpus(ws, revision, progress=embedding_progress(context))
     return dg.Output(corpus, data_version=dg.DataVersion(revision),
-                     metadata={"revision": revision,
+                     metadata={"revision": revision, **commit_links(revision),
                                **corpus_metadata(corpus.report, corpus.loaded)})
 
 
@@ -291,6 +293,7 @@ def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceRes
     with open_registry(ws) as registry, _index(ws, index, embedder.make(ws).dim) as idx:
         deleted = activate_candidate(ws, registry, idx, candidate_generation,
                                      generation_evaluation, say=lambda m: tell(context, m))
+        generations = registry.generations(ws.config.workspace_id)
     result = PublishResult(generation=candidate_generation.generation,
                            revision=candidate_generation.revision, activated=True,
                            evaluation=generation_evaluation, counts=candidate_generation.counts,
@@ -298,5 +301,6 @@ def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceRes
                            retired_points_deleted=deleted)
     return dg.Output(result, data_version=dg.DataVersion(str(result.generation)), metadata={
         "generation": dg.MetadataValue.int(result.generation),
-        "revision": result.revision,
-        "retired_points_deleted": ", ".join(map(str, deleted)) or "none"})
+        "revision": result.revision, **commit_links(result.revision),
+        "retired_points_deleted": ", ".join(map(str, deleted)) or "none",
+        **generations_metadata(generations, result.generation)})
