@@ -144,3 +144,30 @@ def test_the_default_mount_becomes_a_workspace_every_entry_point_accepts(
     refused = run_init(demo)
     assert refused.returncode != 0
     assert "THT_QDRANT_URL is set but index.engine is 'edge'" in refused.stderr
+
+
+@pytest.mark.parametrize("where", ["compose", "local"])
+def test_runs_log_at_info_without_dagsters_debug_events(
+        where: str, tmp_path: Path, demo_ws: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import dagster as dg
+
+    from evidence_pipeline.orchestration.runs import _resources
+
+    text = (compose()["configs"]["dagster-instance"]["content"] if where == "compose"
+            else (ROOT / "dagster.yaml").read_text(encoding="utf-8"))
+    assert YAML(typ="safe").load(text)["python_logs"] == {"python_log_level": "INFO"}
+    home = tmp_path / "home"
+    home.mkdir()
+    # the local file as is; compose's own storage needs its PostgreSQL (test_dagster_postgres)
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text(encoding="utf-8"),
+                                       encoding="utf-8")
+    capfd.readouterr()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.python_log_level == "INFO"
+        result = defs.resolve_job_def("activate").execute_in_process(
+            instance=instance, resources=_resources(demo_ws),
+            run_config={"ops": {"activate_revision": {"config": {"revision": ""}}}})
+    assert result.success
+    lines = [line for line in capfd.readouterr().err.splitlines() if " - dagster - " in line]
+    assert any(" - INFO - " in line and "activated" in line for line in lines), lines
+    assert not [line for line in lines if " - DEBUG - " in line]
