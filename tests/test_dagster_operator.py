@@ -7,6 +7,7 @@ and links to the commit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,44 @@ def test_save_evaluation_baseline_from_the_ui(published_demo: PublishedDemo,
     event = instance.get_latest_materialization_event(dg.AssetKey("active_index_evaluation"))
     assert event is not None and event.asset_materialization is not None
     assert event.asset_materialization.metadata["baseline"].value == str(where)
+
+
+# --- what the UI renders: descriptions in plain text ---------------------------------------------
+
+RAW_REST = re.compile(r"``|:[a-z]+:`|\.\. [a-z]+::")
+
+
+def _descriptions() -> dict[str, str]:
+    """Every description the UI renders as Markdown: assets, checks, jobs, ops, sensors,
+    schedules, resources and every config field of every job."""
+    graph = defs.resolve_asset_graph()
+    out = {f"asset {k.to_user_string()}": graph.get(k).description or ""
+           for k in graph.get_all_asset_keys()}
+    out |= {f"check {k.name}": graph.get_check_spec(k).description or ""
+            for k in graph.asset_check_keys}
+    out |= {f"sensor {s.name}": s.description or "" for s in defs.sensors}
+    out |= {f"schedule {s.name}": s.description or "" for s in defs.schedules}
+    out |= {f"resource {name}": getattr(r, "description", None) or type(r).__doc__ or ""
+            for name, r in (defs.resources or {}).items()}
+
+    def walk(config_type: Any, path: str) -> None:
+        for name, field in (getattr(config_type, "fields", None) or {}).items():
+            out[f"config {path}.{name}"] = field.description or ""
+            walk(field.config_type, f"{path}.{name}")
+
+    for job in defs.jobs:
+        resolved = defs.resolve_job_def(job.name)
+        out[f"job {job.name}"] = resolved.description or ""
+        out |= {f"op {op.name}": op.description or "" for op in resolved.graph.iterate_op_defs()}
+        walk(resolved.run_config_schema.config_type, job.name)
+    return out
+
+
+def test_descriptions_are_plain_text_not_restructuredtext() -> None:
+    found = _descriptions()
+    assert len(found) > 100 and found["asset source_file"]
+    raw = {where: text for where, text in found.items() if RAW_REST.search(text)}
+    assert raw == {}
+    # no paragraph indented by four spaces after a blank line: Markdown shows it as code
+    code = {where: text for where, text in found.items() if "\n\n    " in text}
+    assert code == {}

@@ -123,7 +123,7 @@ def test_the_default_mount_becomes_a_workspace_every_entry_point_accepts(
     # the demo as it ships says engine: edge: with the stack's THT_QDRANT_URL every entry
     # point refuses it (what `docker compose up` met)
     demo = create_demo_repo(tmp_path / "demo")
-    with pytest.raises(ConfigError, match="THT_QDRANT_URL is set but index.engine is 'edge'"):
+    with pytest.raises(ConfigError, match=r"THT_QDRANT_URL is set but index\.engine is 'edge'"):
         entry_point_check(demo, stack_env(demo), monkeypatch)
 
     mount = tmp_path / "mount"

@@ -256,7 +256,7 @@ def record_sources(context: dg.AssetExecutionContext, ws: Workspace, keys: list[
 
 
 class PrepareConfig(dg.Config):
-    """Options of a prepare run (``tht evidence prepare``)."""
+    """Options of a prepare run (tht evidence prepare)."""
 
     upgrade: bool = Field(default=False, description="Reprocess every source (new pipeline "
                                                      "version); needs a clean repository.")
@@ -439,7 +439,7 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
                 kinds={"git"}, **CATALOG)
 def applied_batch(validated_units: Any) -> Any:
     """Every changed source restructured, then curated files and manifest applied all or
-    nothing (``tht evidence prepare``)."""
+    nothing (tht evidence prepare)."""
     steps, plan = plan_sources(after=validated_units)
     return apply_sources(plan, steps.map(restructure_source).collect())
 
@@ -457,7 +457,7 @@ def corpus_version(report: ValidationReport, loaded: list[LoadedUnit]) -> str:
 
 @dg.asset(group_name=GROUP, deps=[applied_batch], kinds={"markdown"}, pool=POOL, **CATALOG)
 def curated_corpus(workspace: WorkspaceResource) -> dg.Output[ValidationReport]:
-    """The curated units of the work tree validated (``tht evidence validate``)."""
+    """The curated units of the work tree validated (tht evidence validate)."""
     ws = workspace.load()
     report, loaded = validate_corpus(ws)
     return dg.Output(report, data_version=dg.DataVersion(corpus_version(report, loaded)),

@@ -82,7 +82,7 @@ def save_baseline_of_active(context: dg.OpExecutionContext, workspace: Workspace
                             index: IndexResource,
                             embedder: EmbedderResource) -> dg.Output[EvaluationReport]:
     """Evaluate the active generation and save the report as the baseline the nightly
-    evaluation compares with (``tht evidence evaluate --save-baseline``)."""
+    evaluation compares with (tht evidence evaluate --save-baseline)."""
     ws = workspace.load()
     report = evaluate_active(ws, index, embedder)
     where = baseline_path(ws.state_dir)

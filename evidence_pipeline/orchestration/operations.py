@@ -95,7 +95,7 @@ def refusals(fn: F) -> F:
 
 
 class ActivateConfig(dg.Config):
-    """Options of an activation (``tht workspace activate``)."""
+    """Options of an activation (tht workspace activate)."""
 
     # required, so the launchpad scaffolds it empty instead of offering the last revision typed
     revision: str = Field(
