@@ -185,7 +185,8 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
         dg.AssetKey("published_corpus"), dg.AssetKey("evidence_fragments"),
         dg.AssetKey("fragment_embeddings")}
     assert {j.name for j in defs.jobs} == {"prepare", "publish", "source_preview",
-                                           "evaluate_active", "activate", "prepare_source"}
+                                           "evaluate_active", "activate", "prepare_source",
+                                           "rollback", "save_evaluation_baseline"}
     assert {s.name for s in defs.sensors} == {"source_partitions_sensor",
                                               "source_changes_sensor",
                                               "activated_revision_sensor"}
