@@ -177,7 +177,8 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
     assert set(graph.get(dg.AssetKey("source_file")).parent_keys) == {
         dg.AssetKey("evidence_source")}
     # a backfill of the per-source stages is one run, whatever the number of sources
-    for key in ("source_file", "normalized_source", "restructured_units", "validated_units"):
+    for key in ("source_file", "normalized_source", "restructured_units", "validated_units",
+                "evidence_fragments", "fragment_embeddings"):
         policy = graph.get(dg.AssetKey(key)).backfill_policy
         assert policy is not None and policy.max_partitions_per_run is None, key
     # the candidate consumes every source's fragments and vectors
