@@ -83,7 +83,7 @@ def test_services_start_in_order_on_healthy_dependencies() -> None:
 
 def _pools() -> set[str]:
     pools: set[str] = set()
-    for job in defs.jobs:
+    for job in defs.jobs or []:
         for op in defs.resolve_job_def(job.name).graph.iterate_op_defs():
             if op.pool:
                 pools.add(op.pool)

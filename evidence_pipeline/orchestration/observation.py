@@ -24,6 +24,7 @@ from evidence_pipeline.orchestration.resources import WorkspaceResource
 from evidence_runtime.workspace import Workspace
 
 EVIDENCE_SOURCE = dg.AssetKey("evidence_source")
+PARTITIONS = str(SOURCE_PARTITIONS.name)
 # observable source assets are "beta" in Dagster 1.13: the warning at every import is noise
 warnings.filterwarnings("ignore", category=dg.BetaWarning,
                         message=r"Function `observable_source_asset`")
@@ -68,7 +69,7 @@ def head_commit(ws: Workspace) -> str | None:
 def evidence_source(context: dg.OpExecutionContext,
                     workspace: WorkspaceResource) -> dg.DataVersionsByPartition:
     """The blob id of every committed note that has a partition."""
-    keys = set(context.instance.get_dynamic_partitions(SOURCE_PARTITIONS.name))
+    keys = set(context.instance.get_dynamic_partitions(PARTITIONS))
     blobs = committed_blobs(workspace.load())
     return dg.DataVersionsByPartition({k: v for k, v in blobs.items() if k in keys})
 
@@ -88,7 +89,7 @@ def changed_blobs(previous: dict[str, str], now: dict[str, str]) -> list[str]:
 def source_changes_sensor(context: dg.SensorEvaluationContext,
                           workspace: WorkspaceResource) -> dg.SensorResult | dg.SkipReason:
     """Observe the committed notes; request a preview of those changed since the cursor."""
-    keys = set(context.instance.get_dynamic_partitions(SOURCE_PARTITIONS.name))
+    keys = set(context.instance.get_dynamic_partitions(PARTITIONS))
     blobs = {k: v for k, v in committed_blobs(workspace.load()).items() if k in keys}
     previous: dict[str, str] | None = json.loads(context.cursor) if context.cursor else None
     changed = changed_blobs(previous or {}, blobs)
