@@ -8,6 +8,7 @@ Real engines: Git, the structural model backend, the registry, and a Dagster ins
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -243,6 +244,13 @@ def test_prepare_source_prepares_exactly_that_source(demo_ws: Path,
     assert after.sources[EDITED] == before.sources[EDITED]
     (run_record,) = [r for r in instance.get_runs() if r.job_name == "prepare_source"]
     assert run_record.tags["dagster/partition"] == NOTE
+    # what it changed is recorded on applied_batch, at the version a prepare run gives it
+    event = instance.get_latest_materialization_event(dg.AssetKey("applied_batch"))
+    assert event is not None and event.asset_materialization is not None
+    recorded = event.asset_materialization
+    manifest = (demo_ws / "evidence" / "manifest.yaml").read_bytes()
+    assert (recorded.tags or {})["dagster/data_version"] == hashlib.sha256(manifest).hexdigest()
+    assert recorded.metadata["source"].value == NOTE
 
 
 def test_prepare_source_refuses_a_key_that_is_not_a_source(

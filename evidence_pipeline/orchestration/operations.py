@@ -8,6 +8,7 @@ same jobs in-process, gets the original error back (``Refusal.error``).
 """
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from evidence_pipeline.authoring.prepare import (
 )
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change
+from evidence_pipeline.formats.manifest import MANIFEST_NAME
 from evidence_pipeline.gitrepo import open_repo, resolve_revision
 from evidence_pipeline.orchestration.metadata import (
     commit_links,
@@ -324,6 +326,14 @@ def prepare_one_source(context: dg.OpExecutionContext, workspace: WorkspaceResou
             result = apply_plan(plan, lambda change: call_model(backend,
                                                                 model_request(plan, change)),
                                 progress=progress)
+    manifest = ws.evidence_dir / MANIFEST_NAME
+    if (result.written or result.deleted) and manifest.is_file():
+        # the curated files and the manifest changed: recorded on applied_batch with the data
+        # version a prepare run gives it (the manifest's sha256), so curated_corpus shows stale
+        version = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        context.log_event(dg.AssetMaterialization(
+            "applied_batch", metadata={**prepare_metadata(result), "source": key},
+            tags={DATA_VERSION_TAG: version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}))
     return dg.Output(result, metadata=prepare_metadata(result))
 
 
