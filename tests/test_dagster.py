@@ -584,7 +584,7 @@ def test_the_queue_never_holds_a_publish_behind_authoring_runs(
         assert dequeued(running=1, queued=3) == ["publish"]
         # nothing in progress: the publish first (priority), and one authoring run (its pool)
         assert dequeued(running=0, queued=3) == ["publish", "prepare"]
-    # the production stack's instance (compose.yaml): the same pools, four runs at a time
+    # the production stack's instance (compose.yaml): the same pools, two runs at a time
     compose = YAML(typ="safe").load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
     production = YAML(typ="safe").load(compose["configs"]["dagster-instance"]["content"])
     production.pop("storage")  # PostgreSQL: the test instance keeps its own storage
