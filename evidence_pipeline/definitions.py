@@ -12,17 +12,20 @@ import os
 
 import dagster as dg
 
-from evidence_pipeline.orchestration import authoring, monitoring, publishing
+from evidence_pipeline.orchestration import authoring, monitoring, observation, publishing
 from evidence_pipeline.orchestration.jobs import (
     evaluate_active_job,
     prepare_job,
     publish_job,
     source_job,
 )
+from evidence_pipeline.orchestration.monitoring import save_evaluation_baseline_job
+from evidence_pipeline.orchestration.observation import source_changes_sensor
 from evidence_pipeline.orchestration.operations import (
     activate_job,
     prepare_source_job,
     publish_revision_job,
+    rollback_job,
 )
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
@@ -54,12 +57,12 @@ def resources() -> dict[str, dg.ConfigurableResource]:
 
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([authoring, publishing, monitoring]),
+    assets=dg.load_assets_from_modules([observation, authoring, publishing, monitoring]),
     asset_checks=dg.load_asset_checks_from_modules([authoring, publishing, monitoring]),
     jobs=[prepare_job, publish_job, source_job, evaluate_active_job, activate_job,
-          prepare_source_job, publish_revision_job],
+          prepare_source_job, publish_revision_job, rollback_job, save_evaluation_baseline_job],
     schedules=[nightly_evaluation],
-    sensors=[source_partitions_sensor, activated_revision_sensor],
+    sensors=[source_partitions_sensor, source_changes_sensor, activated_revision_sensor],
     resources=resources(),
     # assets materialized from the UI and backfills: in the run's process, as every job
     # (orchestration/jobs.py says why)

@@ -26,6 +26,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+if [ -z "$PGBIN" ] && command -v initdb >/dev/null 2>&1; then  # e.g. /usr/local/bin
+  PGBIN=$(dirname "$(command -v initdb)")
+fi
 if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] \
     && [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
   PGDIR=$(mktemp -d /tmp/tht-pg.XXXXXX)
@@ -33,7 +36,9 @@ if [ -z "${THT_TEST_POSTGRES_URL:-}" ] && [ -n "$PGBIN" ] && [ -x "$PGBIN/initdb
   PGPORT=$((20000 + RANDOM % 20000))
   if su postgres -c "$PGBIN/initdb -D $PGDIR/data -A trust -U postgres --no-instructions" >/dev/null \
       && su postgres -c "$PGBIN/pg_ctl -D $PGDIR/data -o '-p $PGPORT -k $PGDIR -c listen_addresses=127.0.0.1' -l $PGDIR/server.log -w start" >/dev/null \
-      && su postgres -c "$PGBIN/createdb -h 127.0.0.1 -p $PGPORT tht_test"; then
+      && { if [ -x "$PGBIN/createdb" ]; then su postgres -c "$PGBIN/createdb -h 127.0.0.1 -p $PGPORT tht_test"
+           else .venv/bin/python -c "import psycopg, sys; psycopg.connect(sys.argv[1], autocommit=True).execute('CREATE DATABASE tht_test')" \
+                  "postgresql://postgres@127.0.0.1:$PGPORT/postgres"; fi; }; then
     export THT_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PGPORT/tht_test"
     trap 'su postgres -c "$PGBIN/pg_ctl -D $PGDIR/data -m fast -w stop" >/dev/null 2>&1; rm -rf "$PGDIR"' EXIT
     echo "registry tests also run on PostgreSQL ($THT_TEST_POSTGRES_URL)"

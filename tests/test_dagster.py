@@ -43,12 +43,7 @@ from evidence_pipeline.cli import main
 from evidence_pipeline.definitions import defs
 from evidence_pipeline.demo import create_demo_repo, git
 from evidence_pipeline.formats.manifest import read_manifest
-from evidence_pipeline.orchestration.authoring import (
-    normalized_source,
-    restructured_units,
-    source_file,
-    validated_units,
-)
+from evidence_pipeline.orchestration.authoring import source_stages
 from evidence_pipeline.orchestration.jobs import prepare_executor
 from evidence_pipeline.orchestration.metadata import code_version
 from evidence_pipeline.orchestration.partitions import (
@@ -74,7 +69,8 @@ from tests.helpers import dagster_home
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
-SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_units]
+# source_file, normalized_source, restructured_units, validated_units: one multi-asset
+SOURCE_ASSETS = [source_stages]
 UNCHANGED = "source/10-domini-clinici/paziente.md"
 NOTE = "source/90-prove/codice-asl.md"
 NOTE_TEXT = ("# Codice ASL\n\nIl codice ASL identifica l'azienda sanitaria locale di residenza "
@@ -163,7 +159,8 @@ def test_definitions_validate_passes(tmp_path: Path) -> None:
 def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> None:
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {
-        "source_file", "normalized_source", "restructured_units", "validated_units",
+        "evidence_source", "source_file", "normalized_source", "restructured_units",
+        "validated_units",
         "applied_batch", "curated_corpus", "published_corpus", "evidence_fragments",
         "fragment_embeddings", "candidate_generation", "generation_evaluation",
         "active_generation", "active_index_evaluation"}
@@ -173,17 +170,27 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
                       ("generation_evaluation", "evaluation_gate"): True,
                       ("curated_corpus", "curated_corpus_publishable"): False,
                       ("active_index_evaluation", "active_index_gate"): False}
+    for key in ("evidence_source", "source_file", "normalized_source", "restructured_units",
+                "validated_units", "evidence_fragments", "fragment_embeddings"):
+        assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS
+    # a committed note edit makes source_file stale: its input is the note's Git blob
+    assert set(graph.get(dg.AssetKey("source_file")).parent_keys) == {
+        dg.AssetKey("evidence_source")}
+    # a backfill of the per-source stages is one run, whatever the number of sources
     for key in ("source_file", "normalized_source", "restructured_units", "validated_units",
                 "evidence_fragments", "fragment_embeddings"):
-        assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS
+        policy = graph.get(dg.AssetKey(key)).backfill_policy
+        assert policy is not None and policy.max_partitions_per_run is None, key
     # the candidate consumes every source's fragments and vectors
     assert set(graph.get(dg.AssetKey("candidate_generation")).parent_keys) == {
         dg.AssetKey("published_corpus"), dg.AssetKey("evidence_fragments"),
         dg.AssetKey("fragment_embeddings")}
     assert {j.name for j in defs.jobs} == {"prepare", "publish", "source_preview",
                                            "evaluate_active", "activate", "prepare_source",
-                                           "publish_revision"}
+                                           "publish_revision", "rollback",
+                                           "save_evaluation_baseline"}
     assert {s.name for s in defs.sensors} == {"source_partitions_sensor",
+                                              "source_changes_sensor",
                                               "activated_revision_sensor"}
     (schedule,) = defs.schedules
     assert (schedule.name, schedule.cron_schedule, schedule.job_name) == (
@@ -197,6 +204,9 @@ def test_every_asset_has_owners_tags_kinds_a_code_version_and_a_pool() -> None:
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
         name = key.to_user_string()
+        if node.is_observable:  # evidence_source: the notes in Git, no code of ours
+            assert not node.is_materializable and node.group_name == "authoring", name
+            continue
         assert node.owners and all(o.startswith("team:") for o in node.owners), name
         assert node.tags.get("tht/stage") == node.group_name, name
         assert node.kinds, name
@@ -218,6 +228,8 @@ def _pools() -> dict[dg.AssetKey, str | None]:
     """The pool of each asset's steps (a graph asset's: the one all its ops share)."""
     out: dict[dg.AssetKey, str | None] = {}
     for assets_def in defs.assets or []:
+        if isinstance(assets_def, dg.SourceAsset):  # evidence_source: observed, not computed
+            continue
         assert isinstance(assets_def, dg.AssetsDefinition)
         node = assets_def.node_def
         ops = list(node.iterate_op_defs()) if isinstance(node, dg.GraphDefinition) else [node]
@@ -321,7 +333,7 @@ def test_a_partition_key_outside_the_sources_is_refused(demo_ws: Path, spy: SpyB
     instance = dg.DagsterInstance.ephemeral()
     # Dagster stores any dynamic key it is given: the asset itself must refuse it
     instance.add_dynamic_partitions(SOURCE_PARTITIONS.name, ["source/../thoth.yaml"])
-    result = dg.materialize([source_file], partition_key="source/../thoth.yaml",
+    result = dg.materialize(SOURCE_ASSETS, partition_key="source/../thoth.yaml",
                             instance=instance, resources=resources(demo_ws),
                             raise_on_error=False)
     assert not result.success
@@ -355,26 +367,34 @@ def latest_version(instance: dg.DagsterInstance, key: str, partition: str) -> st
 
 
 @pytest.mark.slow
-def test_an_unchanged_source_materializes_its_hash_and_nothing_downstream(
+def test_a_backfill_of_unchanged_sources_is_one_run_that_fills_every_stage(
         demo_ws: Path, spy: SpyBackend) -> None:
     instance = dg.DagsterInstance.ephemeral()
     sync_source_partitions(instance, demo_ws / "evidence")
     hashes = source_hashes(demo_ws)
+    keys = instance.get_dynamic_partitions(SOURCE_PARTITIONS.name)
+    assert UNCHANGED in keys
 
-    # one run per partition, as a backfill of three unchanged sources makes them
-    backfill = [UNCHANGED, "source/20-enum/esito-ps.md", "source/00-glossario/drg.md"]
-    for key in backfill:
-        single = dg.materialize(SOURCE_ASSETS, partition_key=key, instance=instance,
-                                resources=resources(demo_ws))
-        assert single.success
-        assert materialized(single) == {"source_file"}  # its hash, recorded
-        ran = {e.step_key for e in single.all_events if e.is_step_success}
-        assert ran == {"source_file"}  # the hash matched: nothing downstream ran
-        assert latest_version(instance, "source_file", key) == hashes[key]
-    status = partition_status(instance, "source_file")
-    assert {k: status[k] for k in backfill} == dict.fromkeys(backfill, "MATERIALIZED")
-    assert "FAILED" not in status.values()
-    assert set(partition_status(instance, "normalized_source").values()) == {"MISSING"}
+    # a backfill of every partition, as the UI launches it (single-run policy): one run
+    # over the range, one step; no model call for an unchanged source
+    tags = {"dagster/asset_partition_range_start": keys[0],
+            "dagster/asset_partition_range_end": keys[-1]}
+    single = dg.materialize(SOURCE_ASSETS, instance=instance, tags=tags,
+                            resources=resources(demo_ws))
+    assert single.success
+    assert spy.calls == []
+    assert {e.step_key for e in single.all_events if e.is_step_success} == {"source_stages"}
+    for stage in ("source_file", "normalized_source", "restructured_units", "validated_units"):
+        status = partition_status(instance, stage)  # "100% filled", not 1%
+        assert set(status.values()) == {"MATERIALIZED"} and len(status) == 54, stage
+    assert {k: latest_version(instance, "source_file", k) for k in hashes} == hashes
+    (record,) = instance.fetch_materializations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("validated_units"), asset_partitions=[UNCHANGED]), limit=1).records
+    shown = record.asset_materialization.metadata
+    assert shown["change"].value == "unchanged" and shown["model_calls"].value == 0
+    manifest = read_manifest(demo_ws / "evidence")
+    assert manifest is not None
+    assert shown["unit_ids"].value == ", ".join(manifest.sources[UNCHANGED].units)
 
     batch = run_job("prepare", demo_ws, instance)
     assert batch.success
@@ -565,7 +585,7 @@ def test_the_queue_never_holds_a_publish_behind_authoring_runs(
         assert dequeued(running=1, queued=3) == ["publish"]
         # nothing in progress: the publish first (priority), and one authoring run (its pool)
         assert dequeued(running=0, queued=3) == ["publish", "prepare"]
-    # the production stack's instance (compose.yaml): the same pools, four runs at a time
+    # the production stack's instance (compose.yaml): the same pools, two runs at a time
     compose = YAML(typ="safe").load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
     production = YAML(typ="safe").load(compose["configs"]["dagster-instance"]["content"])
     production.pop("storage")  # PostgreSQL: the test instance keeps its own storage

@@ -1,16 +1,21 @@
 """The production stack's Dagster storage: a job's run and event log in PostgreSQL, through the
 instance configuration compose.yaml mounts, on the throw-away PostgreSQL that scripts/test.sh
-starts (THT_TEST_POSTGRES_URL); and the dagster / dagster-postgres pins of pyproject.toml, the
+starts (THT_TEST_POSTGRES_URL), also with a running daemon (sensor ticks, a queued run, a
+backfill); and the dagster / dagster-postgres pins of pyproject.toml, the
 Dockerfile and compose.yaml agreeing with what is installed."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
@@ -18,15 +23,19 @@ import pytest
 from ruamel.yaml import YAML
 
 from evidence_pipeline.definitions import defs
+from evidence_pipeline.orchestration.partitions import SOURCE_PARTITIONS
 from evidence_pipeline.orchestration.resources import (
     EmbedderResource,
     IndexResource,
     ModelBackendResource,
     WorkspaceResource,
 )
-from tests.helpers import ROOT, head
+from tests.helpers import ROOT, commit, head
 
 POSTGRES_URL = os.environ.get("THT_TEST_POSTGRES_URL")
+BIN = Path(sys.executable).parent
+NOTE = "source/10-domini-clinici/paziente.md"
+STAGES = ("source_file", "normalized_source", "restructured_units", "validated_units")
 
 
 def _pins() -> dict[str, str]:
@@ -98,6 +107,7 @@ def test_a_jobs_run_and_event_log_land_in_postgres(demo_ws: Path, tmp_path: Path
         assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         result = defs.resolve_job_def("activate").execute_in_process(
             instance=instance, tags={"tht/trigger": "test"},
+            run_config={"ops": {"activate_revision": {"config": {"revision": ""}}}},
             resources={"workspace": WorkspaceResource(root=str(demo_ws)),
                        "index": IndexResource(), "embedder": EmbedderResource(),
                        "model": ModelBackendResource()})
@@ -122,3 +132,87 @@ def test_a_jobs_run_and_event_log_land_in_postgres(demo_ws: Path, tmp_path: Path
     assert events[-1] == kinds.RUN_SUCCESS.value
     assert tags["tht/trigger"] == "test"
     assert result.output_for_node("activate_revision").revision == head(demo_ws)
+
+
+def _wait(what: str, done: Any, timeout_s: float, daemon: subprocess.Popen[bytes],
+          log: Path) -> Any:
+    """Poll ``done()`` until it returns something true; fail with the daemon's log tail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = done()
+        if value:
+            return value
+        if daemon.poll() is not None:
+            break
+        time.sleep(1)
+    tail = log.read_text(encoding="utf-8", errors="replace")[-3000:]
+    raise AssertionError(f"{what}: not after {timeout_s} s (daemon exit {daemon.poll()})\n{tail}")
+
+
+@pytest.mark.slow
+def test_the_daemon_on_postgres_ticks_sensors_queues_their_runs_and_backfills_in_one_run(
+        demo_ws: Path, tmp_path: Path, postgres_env: str) -> None:
+    """The production instance (compose.yaml's configuration on PostgreSQL) with a real
+    ``dagster-daemon``: the sensors tick (partitions added, notes observed), a committed note
+    edit becomes a queued run the queue starts, and a backfill of every source is one run."""
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(compose_instance_config(), encoding="utf-8")
+    log = tmp_path / "daemon.log"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(demo_ws)}
+    env.pop("THT_QDRANT_URL", None)
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+                              cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            # a tick of source_partitions_sensor: one partition per note
+            keys = _wait("source partitions", lambda: (
+                lambda k: k if len(k) == 54 else None)(
+                    instance.get_dynamic_partitions(SOURCE_PARTITIONS.name)), 240, daemon, log)
+            # a tick of source_changes_sensor: every committed note observed
+            _wait("evidence_source observed", lambda: instance.get_latest_data_version_record(
+                dg.AssetKey("evidence_source"), True, NOTE), 240, daemon, log)
+
+            # a backfill of every source, as the UI launches it: one run
+            backfill_id = "tht" + uuid.uuid4().hex[:8]
+            instance.add_backfill(PartitionBackfill.from_asset_partitions(
+                backfill_id=backfill_id, asset_graph=defs.resolve_asset_graph(),
+                partition_names=keys, asset_selection=[dg.AssetKey(s) for s in STAGES],
+                backfill_timestamp=time.time(), tags={}, dynamic_partitions_store=instance,
+                all_partitions=False, title=None, description=None, run_config=None))
+            # a committed note edit: the next tick requests its preview, through the queue
+            note = demo_ws / "evidence" / NOTE
+            note.write_text(note.read_text(encoding="utf-8") + "\nUna riga in più.\n",
+                            encoding="utf-8")
+            commit(demo_ws, "a curator's edit")
+
+            def finished(tags: dict[str, str]) -> list[dg.DagsterRun] | None:
+                runs = instance.get_runs(dg.RunsFilter(tags=tags))
+                return runs if runs and all(r.is_finished for r in runs) else None
+
+            backfill_runs = _wait("the backfill's run", lambda: finished(
+                {"dagster/backfill": backfill_id}), 420, daemon, log)
+            _wait("the backfill done", lambda: instance.get_backfill(  # type: ignore[union-attr]
+                backfill_id).status in (BulkActionStatus.COMPLETED_SUCCESS,
+                                        BulkActionStatus.COMPLETED), 240, daemon, log)
+            assert [r.status for r in backfill_runs] == [dg.DagsterRunStatus.SUCCESS]
+            for stage in STAGES:
+                assert instance.get_materialized_partitions(dg.AssetKey(stage)) >= set(keys)
+
+            (preview,) = _wait("the sensor's queued run", lambda: finished(
+                {"tht/trigger": "sensor", "tht/source": NOTE}), 420, daemon, log)
+            assert preview.status == dg.DagsterRunStatus.SUCCESS
+            assert preview.tags["dagster/partition"] == NOTE
+            # it went through the queue: enqueued, then started by the daemon
+            kinds = {e.event_log_entry.dagster_event_type for e in instance.get_records_for_run(
+                preview.run_id).records}
+            assert {dg.DagsterEventType.RUN_ENQUEUED, dg.DagsterEventType.RUN_START,
+                    dg.DagsterEventType.RUN_SUCCESS} <= kinds
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()

@@ -35,6 +35,7 @@ from evidence_pipeline.orchestration.publishing import (
     fragment_embeddings,
     publishable,
     published_corpus,
+    source_fragments,
 )
 from evidence_pipeline.orchestration.resources import WorkspaceResource
 from evidence_pipeline.orchestration.sensors import activated_revision_sensor
@@ -287,13 +288,25 @@ def test_fragments_and_vectors_are_per_source_with_their_data_versions(
 
     # one source on its own (the UI's "materialize" on a partition): the same functions give
     # the same versions
-    alone = dg.materialize([published_corpus, evidence_fragments, fragment_embeddings],
+    alone = dg.materialize([published_corpus, source_fragments],
                            selection=[evidence_fragments, fragment_embeddings],
                            partition_key=source.group(1), instance=instance,
                            resources=resources(ws))
     assert alone.success
     assert {e.materialization.tags["dagster/data_version"]
             for e in alone.get_asset_materialization_events()} == set(after[source.group(1)])
+
+    # a backfill of every source (single-run policy: one run over the range) gives each
+    # partition the versions the publish run recorded
+    every = dg.materialize([published_corpus, source_fragments],
+                           selection=[evidence_fragments, fragment_embeddings],
+                           instance=instance, resources=resources(ws), tags={
+                               "dagster/asset_partition_range_start": keys[0],
+                               "dagster/asset_partition_range_end": keys[-1]})
+    assert every.success
+    assert {e.step_key for e in every.all_events if e.is_step_success} == {"source_fragments"}
+    assert {k: (latest_version(instance, "evidence_fragments", k),
+                latest_version(instance, "fragment_embeddings", k)) for k in keys} == after
 
 
 # --- asset checks called directly ----------------------------------------------------------------

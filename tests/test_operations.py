@@ -8,6 +8,7 @@ Real engines: Git, the structural model backend, the registry, and a Dagster ins
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,12 +20,7 @@ import pytest
 
 from evidence_pipeline.demo import git
 from evidence_pipeline.formats.manifest import read_manifest
-from evidence_pipeline.orchestration.authoring import (
-    normalized_source,
-    restructured_units,
-    source_file,
-    validated_units,
-)
+from evidence_pipeline.orchestration.authoring import source_stages
 from evidence_pipeline.orchestration.partitions import sync_source_partitions
 from evidence_pipeline.orchestration.resources import ModelBackendResource
 from evidence_runtime.registry import Registry
@@ -40,7 +36,7 @@ NOTE_TEXT = ("# Esito dell'accesso in Pronto Soccorso\n\n"
              "| codice | significato | nota |\n|---|---|---|\n| 1 | dimesso a domicilio | |\n"
              "| 2 | ricoverato | in reparto |\n")
 EDITED = "source/10-domini-clinici/paziente.md"
-SOURCE_ASSETS = [source_file, normalized_source, restructured_units, validated_units]
+SOURCE_ASSETS = [source_stages]  # the four per-source stages, one multi-asset
 
 
 @pytest.fixture
@@ -59,7 +55,14 @@ def run(job: str, ws: Path, instance: dg.DagsterInstance, **kw: Any
     return run_job(job, ws, instance, model=ModelBackendResource(), raise_on_error=False, **kw)
 
 
-def activate_config(revision: str | None) -> dict[str, Any]:
+def stage_record(result: dg.ExecuteInProcessResult, stage: str) -> dg.AssetMaterialization:
+    """The materialization of one per-source stage in a run of ``source_stages``."""
+    (event,) = [e.materialization for e in result.get_asset_materialization_events()
+                if e.asset_key == dg.AssetKey(stage)]
+    return event
+
+
+def activate_config(revision: str) -> dict[str, Any]:
     return {"ops": {"activate_revision": {"config": {"revision": revision}}}}
 
 
@@ -90,7 +93,7 @@ def activated(ws: Path) -> str | None:
 
 def test_the_activate_job_records_head_of_a_clean_tree(demo_ws: Path,
                                                         instance: dg.DagsterInstance) -> None:
-    result = run("activate", demo_ws, instance)
+    result = run("activate", demo_ws, instance, run_config=activate_config(""))
     assert result.success
     assert activated(demo_ws) == head(demo_ws)
     (event,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
@@ -112,7 +115,8 @@ def test_the_activate_job_takes_a_revision(demo_ws: Path, instance: dg.DagsterIn
 def test_activating_head_of_a_dirty_tree_is_refused_in_one_line(
         demo_ws: Path, instance: dg.DagsterInstance) -> None:
     edit(demo_ws / "evidence" / EDITED, "# Paziente\n", "# Paziente (nota)\n")
-    description, meta, error = refusal(run("activate", demo_ws, instance))
+    description, meta, error = refusal(run("activate", demo_ws, instance,
+                                           run_config=activate_config("")))
     assert description == (f"git_error: {demo_ws}: cannot activate HEAD: 1 uncommitted "
                            f"change(s): evidence/{EDITED}; commit or stash them first")
     assert meta == {"code": "git_error", "path": str(demo_ws)}
@@ -141,7 +145,8 @@ def test_activating_while_a_publication_runs_is_refused_as_busy(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        description, meta, error = refusal(run("activate", demo_ws, instance))
+        description, meta, error = refusal(run("activate", demo_ws, instance,
+                                               run_config=activate_config("")))
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -193,10 +198,8 @@ def test_the_preview_of_one_source_shows_its_units_review_items_and_diff(
                              resources=resources(demo_ws))
     assert preview.success
     assert git(demo_ws, "status", "--porcelain") == ""  # a preview writes nothing
-    meta = {k: v.value for k, v in preview.asset_materializations_for_node(
-        "validated_units")[0].metadata.items()}
-    report = preview.output_for_node("validated_units")
-    (eid,) = report.units
+    meta = {k: v.value for k, v in stage_record(preview, "validated_units").metadata.items()}
+    (eid,) = str(meta["unit_ids"]).split(", ")
     assert meta["unit_ids"] == eid and meta["units"] == 1
     units = meta["proposed_units"].splitlines()
     assert units[0] == "| unit | kind | title | review items |"
@@ -219,7 +222,7 @@ def test_prepare_source_prepares_exactly_that_source(demo_ws: Path,
     sync_source_partitions(instance, demo_ws / "evidence")
     preview = dg.materialize(SOURCE_ASSETS, partition_key=NOTE, instance=instance,
                              resources=resources(demo_ws))
-    shown = preview.asset_materializations_for_node("validated_units")[0].metadata["diff"].value
+    shown = stage_record(preview, "validated_units").metadata["diff"].value
 
     result = run("prepare_source", demo_ws, instance, partition_key=NOTE)
     assert result.success
@@ -241,6 +244,13 @@ def test_prepare_source_prepares_exactly_that_source(demo_ws: Path,
     assert after.sources[EDITED] == before.sources[EDITED]
     (run_record,) = [r for r in instance.get_runs() if r.job_name == "prepare_source"]
     assert run_record.tags["dagster/partition"] == NOTE
+    # what it changed is recorded on applied_batch, at the version a prepare run gives it
+    event = instance.get_latest_materialization_event(dg.AssetKey("applied_batch"))
+    assert event is not None and event.asset_materialization is not None
+    recorded = event.asset_materialization
+    manifest = (demo_ws / "evidence" / "manifest.yaml").read_bytes()
+    assert (recorded.tags or {})["dagster/data_version"] == hashlib.sha256(manifest).hexdigest()
+    assert recorded.metadata["source"].value == NOTE
 
 
 def test_prepare_source_refuses_a_key_that_is_not_a_source(

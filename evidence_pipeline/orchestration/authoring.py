@@ -42,9 +42,20 @@ from evidence_pipeline.orchestration.metadata import (
     corpus_metadata,
     digest,
     problems_table,
+    source_links,
     version_tags,
 )
-from evidence_pipeline.orchestration.operations import preview_metadata, preview_source, refusals
+from evidence_pipeline.orchestration.observation import (
+    EVIDENCE_SOURCE,
+    committed_blobs,
+    head_commit,
+    observed,
+)
+from evidence_pipeline.orchestration.operations import (
+    Refusal,
+    preview_metadata,
+    preview_source,
+)
 from evidence_pipeline.orchestration.partitions import (
     SOURCE_PARTITIONS,
     check_source_key,
@@ -91,29 +102,6 @@ def _report_version(report: SourceReport) -> str:
     return digest({"path": report.path, "units": list(report.units)})
 
 
-def source_change(ws: Workspace, path: str) -> SourceChange:
-    """One source's change against the manifest (renames need every source, so all are read)."""
-    manifest = read_manifest(ws.evidence_dir) or empty_manifest()
-    sources, errors = intake(ws.evidence_dir)
-    for error in errors:
-        if error.path == path:
-            raise error
-    for change in compare(sources, manifest):
-        if change.path == path:
-            return change
-    raise SourceError("no such source file", path=path, code="source_missing")
-
-
-def _plan_for(ws: Workspace, path: str) -> tuple[PreparePlan, SourceChange]:
-    # a preview writes nothing: it does not finish an interrupted apply either
-    with AuthoringSession.open(ws, what="prepare (source preview)", recovering=False) as session:
-        plan = plan_prepare(session)
-    for change in plan.changes:
-        if change.path == path:
-            return plan, change
-    raise SourceError("no such source file", path=path, code="source_missing")
-
-
 def _proposal_metadata(proposal: SourceProposal) -> dict[str, Any]:
     out: dict[str, Any] = {"model_seconds": dg.MetadataValue.float(round(proposal.seconds, 3))}
     if proposal.reply is not None:
@@ -126,80 +114,151 @@ def _proposal_metadata(proposal: SourceProposal) -> dict[str, Any]:
     return out
 
 
-# --- per source (partitioned) --------------------------------------------------------------------
+# --- per source (partitioned): the four stages in one step, one run for any number of sources ---
+
+SOURCE_STAGES = ("source_file", "normalized_source", "restructured_units", "validated_units")
+source_file, normalized_source, restructured_units, validated_units = (
+    dg.AssetKey(name) for name in SOURCE_STAGES)
+_STAGE_SPECS = {
+    "source_file": ({"markdown"}, [EVIDENCE_SOURCE],
+                    "A source note taken in and hashed (the hash is its data version). Stale "
+                    "when the committed note changed (evidence_source)."),
+    "normalized_source": ({"markdown"}, [source_file],
+                          "The source's mechanical normalization (spec 5.2), as intake "
+                          "computed it."),
+    "restructured_units": ({"llm"}, [normalized_source],
+                           "The one model call of a changed or new source: its proposed units "
+                           "(not yet written). An unchanged source keeps its curated units: "
+                           "no model call."),
+    "validated_units": ({"markdown"}, [restructured_units],
+                        "The proposal checked as a prepare of this source alone would: its "
+                        "units, their review items and the diff against the curated tree "
+                        "(nothing is written)."),
+}
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, output_required=False,
-          kinds={"markdown"}, pool=POOL, **CATALOG)
-def source_file(context: dg.AssetExecutionContext,
-                workspace: WorkspaceResource) -> Iterator[dg.Output[SourceChange]]:
-    """A source note taken in and hashed (the hash is its data version); only a changed or new
-    source goes on to the model step."""
+@dg.multi_asset(
+    name="source_stages", partitions_def=SOURCE_PARTITIONS, can_subset=True, pool=POOL,
+    # a backfill of any number of sources is one run (one intake, one plan), not one run each
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    specs=[dg.AssetSpec(name, deps=deps, description=text, group_name=GROUP, kinds=kinds,
+                        partitions_def=SOURCE_PARTITIONS, skippable=True, **CATALOG)
+           for name, (kinds, deps, text) in _STAGE_SPECS.items()])
+def source_stages(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
+                  model: ModelBackendResource) -> Iterator[dg.MaterializeResult]:
+    """The selected per-source stages of the run's sources (one partition, a range or a whole
+    backfill): every source hashed against the manifest once; a changed or new one gets its
+    model call and its preview; an unchanged one records its curated units (no model call).
+    Every selected stage is recorded on every partition with its data version, so a green
+    backfill fills all four assets. A source whose preview is refused is named, the others
+    are recorded, and the step fails at the end."""
     ws = workspace.load()
-    change = source_change(ws, check_source_key(context.partition_key))
-    src = change.source
-    assert src is not None  # a partition names a file that exists
-    metadata = {"sha256": src.sha256, "change": change.change.value,
-                "characters": dg.MetadataValue.int(len(src.text))}
-    if change.change not in RESTRUCTURED:
-        # materialized with the hash it has, but no output: nothing downstream runs, so no
-        # model call for an unchanged source
-        context.log_event(dg.AssetMaterialization(
-            context.asset_key, partition=change.path, metadata=metadata,
-            tags=version_tags(_source_version(change))))
-        context.log.info(f"{change.path}: {change.change.value}, nothing to restructure")
-        return
-    yield dg.Output(change, data_version=dg.DataVersion(_source_version(change)),
-                    metadata=metadata)
+    stages = {key.path[-1] for key in context.selected_asset_keys}
+    keys = [check_source_key(k) for k in context.partition_keys]
+    refused = record_sources(context, ws, keys, stages, model)
+    context.log.info(f"{len(keys)} source(s) recorded" + (
+        f"; refused: {', '.join(refused)}" if refused else ""))
+    if refused:
+        raise Refusal(next(iter(refused.values())) if len(refused) == 1 else EvidenceError(
+            f"{len(refused)} source previews refused: " + "; ".join(
+                f"{k}: {e.code}: {e}" for k, e in refused.items()),
+            path=", ".join(refused), code=next(iter(refused.values())).code))
+    # every stage is recorded per partition above (a result here would give all the run's
+    # partitions one and the same metadata)
+    yield from ()
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"}, pool=POOL,
-          **CATALOG)
-def normalized_source(source_file: SourceChange) -> dg.Output[SourceChange]:
-    """The source's mechanical normalization (§5.2), as intake computed it."""
-    src = source_file.source
-    assert src is not None
-    return dg.Output(source_file, data_version=dg.DataVersion(_digest(src.normalized)),
-                     metadata={"lines": dg.MetadataValue.int(src.normalized.count("\n")),
-                               "characters": dg.MetadataValue.int(len(src.normalized)),
-                               "normalization_changed_text": src.normalized != src.text})
+def _unchanged_version(path: str, units: list[str]) -> str:
+    return digest({"path": path, "units": units})
 
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"llm"}, pool=POOL,
-          **CATALOG)
-def restructured_units(normalized_source: SourceChange, workspace: WorkspaceResource,
-                       model: ModelBackendResource) -> dg.Output[SourceProposal]:
-    """The one model call for a changed source: its proposed units (not yet written)."""
-    ws = workspace.load()
-    plan, change = _plan_for(ws, normalized_source.path)
-    if change.change not in RESTRUCTURED or change.source != normalized_source.source:
-        raise SourceError("the source or the manifest changed since the source was hashed; "
-                          "materialize it again", path=change.path, code="source_changed")
-    proposal = call_model(model.make(ws), model_request(plan, change))
-    return dg.Output(proposal, data_version=dg.DataVersion(_proposal_version(proposal)),
-                     metadata=_proposal_metadata(proposal))
+def record_sources(context: dg.AssetExecutionContext, ws: Workspace, keys: list[str],
+                   stages: set[str], model: ModelBackendResource) -> dict[str, EvidenceError]:
+    """Record ``stages`` of every source in ``keys``; the refused sources and why."""
+    manifest = read_manifest(ws.evidence_dir) or empty_manifest()
+    sources, errors = intake(ws.evidence_dir)
+    changes = {c.path: c for c in compare(sources, manifest)}
+    broken = {e.path: e for e in errors}
+    blobs = committed_blobs(ws) if "source_file" in stages else {}
+    commit = head_commit(ws)
+    plan: PreparePlan | None = None
+    backend = None
+    refused: dict[str, EvidenceError] = {}
 
+    def record(stage: str, key: str, version: str, metadata: dict[str, Any],
+               inputs: dict[str, str], pointers: dict[str, int] | None = None) -> None:
+        if stage in stages:
+            context.log_event(dg.AssetMaterialization(
+                stage, partition=key, metadata=metadata,
+                tags=version_tags(version, inputs, pointers=pointers)))
 
-@dg.asset(partitions_def=SOURCE_PARTITIONS, group_name=GROUP, kinds={"markdown"}, pool=POOL,
-          **CATALOG)
-@refusals
-def validated_units(restructured_units: SourceProposal,
-                    workspace: WorkspaceResource) -> dg.Output[SourceReport]:
-    """The proposal checked as a prepare of this source alone would: its units, their review
-    items and the diff against the curated tree (nothing is written)."""
-    ws = workspace.load()
-    plan, _ = _plan_for(ws, restructured_units.path)
-    planner, diff = preview_source(plan, restructured_units)
-    report = next(r for r in planner.reports if r.path == restructured_units.path)
-    return dg.Output(report, data_version=dg.DataVersion(_report_version(report)),
-                     metadata=preview_metadata(planner, report.path, diff, review_path(ws)))
+    for key in keys:
+        change = changes.get(key)
+        if change is None or change.source is None:
+            refused[key] = broken.get(key) or SourceError("no such source file", path=key,
+                                                          code="source_missing")
+            continue
+        src = change.source
+        hashed = _source_version(change)
+        # the note as committed is the input (a committed edit then shows this stale)
+        inputs = {"evidence_source": blobs[key]} if key in blobs else {}
+        pointer = observed(context.instance, key, blobs[key]) if key in blobs else None
+        record("source_file", key, hashed, {
+            "sha256": src.sha256, "change": change.change.value,
+            "characters": dg.MetadataValue.int(len(src.text)),
+            **source_links(ws, commit, key)}, inputs,
+            {"evidence_source": pointer} if pointer is not None else None)
+        normalized = _digest(src.normalized)
+        record("normalized_source", key, normalized, {
+            "lines": dg.MetadataValue.int(src.normalized.count("\n")),
+            "characters": dg.MetadataValue.int(len(src.normalized)),
+            "normalization_changed_text": src.normalized != src.text}, {"source_file": hashed})
+        if not stages & {"restructured_units", "validated_units"}:
+            continue
+        if change.change not in RESTRUCTURED:
+            units = list(manifest.sources[key].units) if key in manifest.sources else []
+            version = _unchanged_version(key, units)
+            shown = {"change": change.change.value, "model_calls": dg.MetadataValue.int(0),
+                     "units": dg.MetadataValue.int(len(units)),
+                     "unit_ids": ", ".join(units) or "none"}
+            record("restructured_units", key, version, shown, {"normalized_source": normalized})
+            record("validated_units", key, version, shown, {"restructured_units": version})
+            continue
+        if plan is None:
+            # a preview writes nothing: it does not finish an interrupted apply either
+            with AuthoringSession.open(ws, what="prepare (source preview)",
+                                       recovering=False) as session:
+                plan = plan_prepare(session)
+            backend = model.make(ws)
+        planned = next((c for c in plan.changes if c.path == key), None)
+        if planned is None or planned.source != src:
+            refused[key] = SourceError("the source or the manifest changed while the run "
+                                       "read it; materialize it again", path=key,
+                                       code="source_changed")
+            continue
+        proposal = call_model(backend, model_request(plan, planned))
+        proposed = _proposal_version(proposal)
+        record("restructured_units", key, proposed, _proposal_metadata(proposal),
+               {"normalized_source": normalized})
+        if "validated_units" not in stages:
+            continue
+        try:
+            planner, diff = preview_source(plan, proposal)
+        except EvidenceError as exc:
+            refused[key] = exc
+            continue
+        report = next(r for r in planner.reports if r.path == key)
+        record("validated_units", key, _report_version(report),
+               preview_metadata(planner, key, diff, review_path(ws)),
+               {"restructured_units": proposed})
+    return refused
 
 
 # --- the batch: every changed source, then one all-or-nothing apply ------------------------------
 
 
 class PrepareConfig(dg.Config):
-    """Options of a prepare run (``tht evidence prepare``)."""
+    """Options of a prepare run (tht evidence prepare)."""
 
     upgrade: bool = Field(default=False, description="Reprocess every source (new pipeline "
                                                      "version); needs a clean repository.")
@@ -382,7 +441,7 @@ def apply_sources(context: dg.OpExecutionContext, plan: BatchPlan,
                 kinds={"git"}, **CATALOG)
 def applied_batch(validated_units: Any) -> Any:
     """Every changed source restructured, then curated files and manifest applied all or
-    nothing (``tht evidence prepare``)."""
+    nothing (tht evidence prepare)."""
     steps, plan = plan_sources(after=validated_units)
     return apply_sources(plan, steps.map(restructure_source).collect())
 
@@ -400,7 +459,7 @@ def corpus_version(report: ValidationReport, loaded: list[LoadedUnit]) -> str:
 
 @dg.asset(group_name=GROUP, deps=[applied_batch], kinds={"markdown"}, pool=POOL, **CATALOG)
 def curated_corpus(workspace: WorkspaceResource) -> dg.Output[ValidationReport]:
-    """The curated units of the work tree validated (``tht evidence validate``)."""
+    """The curated units of the work tree validated (tht evidence validate)."""
     ws = workspace.load()
     report, loaded = validate_corpus(ws)
     return dg.Output(report, data_version=dg.DataVersion(corpus_version(report, loaded)),

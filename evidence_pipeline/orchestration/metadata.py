@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from dagster._core.definitions.data_version import (
 )
 
 from evidence_pipeline.formats.manifest import PIPELINE_VERSION
+from evidence_pipeline.publishing.activation import GenerationsReport
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.validation.corpus import LoadedUnit
 from evidence_pipeline.validation.problems import Problem, Severity, ValidationReport, sort_problems
@@ -64,18 +66,23 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def version_tags(data_version: str, inputs: Mapping[str, str] | None = None) -> dict[str, str]:
+def version_tags(data_version: str, inputs: Mapping[str, str] | None = None, *,
+                 pointers: Mapping[str, int] | None = None) -> dict[str, str]:
     """The tags that give a materialization logged with ``context.log_event`` its data version,
     code version and inputs' data versions, as ``dg.Output(data_version=...)`` records them for
     the step's own asset: the UI then shows the version and what is stale per partition.
 
-    An input's event pointer is left unset (its storage id is not known while the step runs):
-    Dagster then compares the input's data versions only."""
+    An input's event pointer is left unset unless ``pointers`` gives its storage id (its
+    storage id is not known while the step runs): Dagster then compares the input's data
+    versions only. A partitioned input needs its pointer: Dagster compares the partition's
+    events after it (``evidence_source``, observed by a sensor, has one)."""
     tags = {DATA_VERSION_TAG: data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
             CODE_VERSION_TAG: code_version()}
     for key, version in (inputs or {}).items():
         tags[get_input_data_version_tag(dg.AssetKey(key))] = version
-        tags[get_input_event_pointer_tag(dg.AssetKey(key))] = NULL_EVENT_POINTER
+        pointer = (pointers or {}).get(key)
+        tags[get_input_event_pointer_tag(dg.AssetKey(key))] = (
+            NULL_EVENT_POINTER if pointer is None else str(pointer))
     return tags
 
 
@@ -180,3 +187,68 @@ def evaluation_metadata(report: EvaluationReport) -> dict[str, Any]:
         "report": dg.MetadataValue.json(report.model_dump(mode="json")),
         "regressions": regressions_text(report),
     }
+
+
+# --- links to the commit and files (THT_COMMIT_URL, THT_FILE_URL) --------------------------------
+
+COMMIT_URL_ENV = "THT_COMMIT_URL"  # e.g. https://git.example.org/team/ws/-/commit/{commit}
+FILE_URL_ENV = "THT_FILE_URL"  # e.g. https://git.example.org/team/ws/-/blob/{commit}/{path}
+
+
+def _link(env: str, **values: str) -> dg.MetadataValue | None:
+    template = os.environ.get(env, "").strip()
+    if not template:
+        return None
+    try:
+        return dg.MetadataValue.url(template.format(**values))
+    except (KeyError, IndexError, ValueError):
+        warnings.warn(f"{env} must use only {{{'}, {'.join(values)}}}: {template!r}",
+                      stacklevel=2)
+        return None
+
+
+def commit_links(commit: str | None) -> dict[str, Any]:
+    """``commit`` (the id) and, when ``THT_COMMIT_URL`` is a template, ``commit_url``."""
+    if not commit:
+        return {}
+    out: dict[str, Any] = {"commit": commit}
+    url = _link(COMMIT_URL_ENV, commit=commit)
+    if url is not None:
+        out["commit_url"] = url
+    return out
+
+
+def file_link(commit: str | None, path: str) -> dict[str, Any]:
+    """``file_url`` for the repository path ``path`` at ``commit`` (``THT_FILE_URL``)."""
+    url = _link(FILE_URL_ENV, commit=commit, path=path) if commit else None
+    return {"file_url": url} if url is not None else {}
+
+
+def source_links(ws: Any, commit: str | None, key: str) -> dict[str, Any]:
+    """The commit and the note's file links of a source partition ``key``."""
+    rel = (ws.evidence_dir.relative_to(ws.root) / key).as_posix()
+    return {**commit_links(commit), "path": rel, **file_link(commit, rel)}
+
+
+# --- generations: what serves, what one can roll back to -----------------------------------------
+
+
+def generations_metadata(report: GenerationsReport) -> dict[str, Any]:
+    """The generations of the workspace (newest first) as the UI shows them beside
+    ``active_generation``: the rows ``tht workspace generations`` lists (``list_generations``),
+    with whether the ``rollback`` job can make each active again; ``rollback_targets`` lists
+    those."""
+    rows = []
+    for g in report.generations:
+        state = "active (serving)" if g.state == "serving" else g.state
+        hit = f"{g.hit_at_10}/{g.queries}" if g.hit_at_10 is not None and g.queries else None
+        rows.append((g.number, g.revision[:12], state, g.created_at, g.activated_at, hit,
+                     "yes" if g.rollback else "no"))
+    out: dict[str, Any] = {
+        "generations": dg.MetadataValue.md(table(
+            ("generation", "revision", "status", "created", "activated", "hit@10",
+             "rollback target"), rows)),
+        "rollback_targets": ", ".join(str(g.number) for g in report.rollback_targets) or "none"}
+    if report.active_generation is not None:
+        out["active_generation"] = dg.MetadataValue.int(report.active_generation)
+    return out

@@ -26,8 +26,10 @@ from evidence_pipeline.orchestration.resources import (
 )
 from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
+    baseline_path,
     evaluate_generation,
     evaluation_index,
+    save_baseline,
 )
 from evidence_pipeline.publishing.publish import open_registry
 from evidence_runtime.search import EvidenceSearcher
@@ -72,3 +74,32 @@ def active_index_gate(active_index_evaluation: EvaluationReport) -> dg.AssetChec
                                 **misses_metadata(report)}
     return dg.AssetCheckResult(passed=report.gate_passed and not report.regressions,
                                severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
+
+
+@dg.op(pool="index")
+@refusals
+def save_baseline_of_active(context: dg.OpExecutionContext, workspace: WorkspaceResource,
+                            index: IndexResource,
+                            embedder: EmbedderResource) -> dg.Output[EvaluationReport]:
+    """Evaluate the active generation and save the report as the baseline the nightly
+    evaluation compares with (tht evidence evaluate --save-baseline)."""
+    ws = workspace.load()
+    report = evaluate_active(ws, index, embedder)
+    where = baseline_path(ws.state_dir)
+    save_baseline(report, where)
+    s = report.summary
+    tell(context, f"baseline saved from generation {report.generation}: hit@10 "
+                  f"{s.hit_at_10}/{s.queries} ({where})")
+    metadata = {**evaluation_metadata(report), "baseline": str(where)}
+    metadata.pop("regressions", None)  # the report is the baseline now
+    context.log_event(dg.AssetMaterialization("active_index_evaluation", metadata=metadata))
+    return dg.Output(report, metadata={"generation": dg.MetadataValue.int(report.generation),
+                                       "baseline": str(where)})
+
+
+@dg.job(name="save_evaluation_baseline",
+        description="tht evidence evaluate --save-baseline: evaluate the active generation and "
+                    "save the report as the baseline later evaluations compare with.",
+        tags={"tht/trigger": "operator"})
+def save_evaluation_baseline_job() -> None:
+    save_baseline_of_active()

@@ -9,12 +9,17 @@ same jobs in-process, gets the original error back (``Refusal.error``).
 """
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import dagster as dg
+from dagster._core.definitions.data_version import (
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+)
 from pydantic import Field
 
 from evidence_pipeline.authoring.planner import BatchPlanner, SourceProposal, SourceReport
@@ -31,7 +36,14 @@ from evidence_pipeline.authoring.prepare import (
 )
 from evidence_pipeline.authoring.session import AuthoringSession
 from evidence_pipeline.authoring.sources import Change
-from evidence_pipeline.orchestration.metadata import problems_table, table
+from evidence_pipeline.formats.manifest import MANIFEST_NAME
+from evidence_pipeline.gitrepo import open_repo, resolve_revision
+from evidence_pipeline.orchestration.metadata import (
+    commit_links,
+    generations_metadata,
+    problems_table,
+    table,
+)
 from evidence_pipeline.orchestration.partitions import SOURCE_PARTITIONS, check_source_key
 from evidence_pipeline.orchestration.progress import embedding_progress, forward, tell
 from evidence_pipeline.orchestration.resources import (
@@ -40,6 +52,8 @@ from evidence_pipeline.orchestration.resources import (
     ModelBackendResource,
     WorkspaceResource,
 )
+from evidence_pipeline.publishing.activation import list_generations
+from evidence_pipeline.publishing.guard import PublishError, open_registry
 from evidence_pipeline.publishing.publish import (
     ActivationResult,
     PublishResult,
@@ -47,6 +61,7 @@ from evidence_pipeline.publishing.publish import (
     publish_revision,
 )
 from evidence_runtime.errors import EvidenceError
+from evidence_runtime.workspace import Workspace
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,32 +110,95 @@ def refusals(fn: F) -> F:
 
 
 class ActivateConfig(dg.Config):
-    """Options of an activation (``tht workspace activate``)."""
+    """Options of an activation (tht workspace activate)."""
 
-    revision: str | None = Field(
-        default=None, description="The Git revision to activate (a commit, tag or branch). "
-                                  "Default: HEAD, which needs a clean work tree.")
+    # required, so the launchpad scaffolds it empty instead of offering the last revision typed
+    revision: str = Field(
+        description="The Git revision to activate (a commit, tag or branch); empty: HEAD, "
+                    "which needs a clean work tree. An older revision is refused: roll back "
+                    "with the rollback job.")
+
+
+class RollbackRefused(EvidenceError):
+    """The activate job was given a revision older than the one activated."""
+
+    code = "rollback_refused"
+
+
+def _older_than_active(ws: Workspace, sha: str) -> str | None:
+    """Why activating ``sha`` would be a rollback, or None: a retained generation of it older
+    than the active one, or a commit the activated revision already contains."""
+    wid = ws.config.workspace_id
+    with open_registry(ws) as registry:
+        activated, active = registry.active_state(wid)
+        previous = registry.latest_generation_for_revision(wid, sha)
+    if active is not None and previous is not None and previous.number < active.number:
+        return (f"its generation {previous.number} is older than the active generation "
+                f"{active.number}")
+    if activated and activated != sha:
+        with open_repo(ws.root) as repo:
+            if repo.is_ancestor(repo.commit(sha), repo.commit(activated)):
+                return f"the activated revision {activated[:12]} already contains it"
+    return None
+
+
+def record_active(context: dg.OpExecutionContext, ws: Workspace,
+                  **extra: Any) -> int | None:
+    """Record on ``active_generation`` what an operation changed: the generation that serves
+    now (its data version, as the publish run records it), its revision and the generations
+    one can roll back to. Returns the active generation's number."""
+    wid = ws.config.workspace_id
+    with open_registry(ws) as registry:
+        activated, active = registry.active_state(wid)
+    number = active.number if active is not None else None
+    metadata: dict[str, Any] = {
+        "activated_revision": activated or "none",
+        "serving": (f"generation {number}" if active is not None and active.revision == activated
+                    else "nothing: search answers revision_mismatch until publish runs"),
+        **commit_links(activated),
+        **generations_metadata(list_generations(ws)),
+        **{k: v for k, v in extra.items() if v is not None}}
+    if active is not None:
+        metadata["revision"] = active.revision
+        context.log_event(dg.AssetMaterialization(
+            "active_generation", metadata=metadata,
+            tags={DATA_VERSION_TAG: str(active.number), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}))
+    else:
+        context.log_event(dg.AssetObservation("active_generation", metadata=metadata))
+    return number
 
 
 @dg.op(out=dg.Out(ActivationResult), pool="index")
 @refusals
 def activate_revision(context: dg.OpExecutionContext, config: ActivateConfig,
                       workspace: WorkspaceResource) -> dg.Output[ActivationResult]:
-    """Record the revision to publish; a retained generation of it becomes active at once."""
-    result = activate(workspace.load(), revision=config.revision)
+    """Record the revision to publish (never an older one); a retained generation of it
+    becomes active at once."""
+    ws = workspace.load()
+    wanted = config.revision.strip() or None
+    sha = resolve_revision(ws.root, wanted or "HEAD")
+    why = _older_than_active(ws, sha)
+    if why is not None:
+        raise RollbackRefused(
+            f"revision {sha[:12]} would be a rollback ({why}); activate moves forward only. "
+            "To go back, run the rollback job with the generation to make active "
+            "(active_generation's metadata lists them)", path=str(ws.root), field="revision")
+    result = activate(ws, revision=wanted)
     again = result.reactivated_generation
     tell(context, f"revision {result.revision[:12]} activated; " + (
         f"generation {again} is active again (no publishing needed)" if again is not None
         else "activated_revision_sensor publishes it (or run the publish job)"))
+    record_active(context, ws, operation="activate")
     return dg.Output(result, metadata={
-        "revision": result.revision,
+        "revision": result.revision, **commit_links(result.revision),
         "reactivated_generation": dg.MetadataValue.int(again) if again is not None else "none"})
 
 
 @dg.job(name="activate",
-        description="tht workspace activate: record the revision to publish (config: revision; "
-                    "default HEAD of a clean tree). A retained generation of it is reactivated "
-                    "at once; otherwise activated_revision_sensor launches publish.",
+        description="tht workspace activate: record the revision to publish (config revision; "
+                    "empty: HEAD of a clean tree). A retained generation of it is reactivated "
+                    "at once; otherwise activated_revision_sensor launches publish. An older "
+                    "revision is refused (rollback_refused): use the rollback job.",
         tags={"tht/trigger": "operator"})
 def activate_job() -> None:
     activate_revision()
@@ -160,7 +238,9 @@ def publish_and_switch(context: dg.OpExecutionContext, config: PublishConfig,
     tell(context, f"generation {result.generation} serves revision {result.revision[:12]} "
                   "(revision and generation switched together)")
     # the asset the switch changed, recorded as a publish run of the asset job records it
-    yield dg.AssetMaterialization("active_generation", metadata=metadata)
+    record_active(context, ws, operation="publish",
+                  generation=dg.MetadataValue.int(result.generation),
+                  hit_at_10=metadata["hit@10"])
     yield dg.Output(result, metadata=metadata)
 
 
@@ -171,6 +251,52 @@ def publish_and_switch(context: dg.OpExecutionContext, config: PublishConfig,
         tags={"tht/trigger": "operator", "dagster/priority": "10"})
 def publish_revision_job() -> None:
     publish_and_switch()
+
+
+class RollbackConfig(dg.Config):
+    """Which generation the rollback makes active again."""
+
+    generation: int = Field(description="A retained generation (active_generation's metadata "
+                                        "lists the rollback targets).")
+
+
+@dg.op(out=dg.Out(ActivationResult), pool="index")
+@refusals
+def rollback_generation(context: dg.OpExecutionContext, config: RollbackConfig,
+                        workspace: WorkspaceResource) -> dg.Output[ActivationResult]:
+    """Make a retained generation active again (its revision activated; no re-indexing)."""
+    ws = workspace.load()
+    wid = ws.config.workspace_id
+    with open_registry(ws) as registry:
+        before = registry.active_generation(wid)
+        target = registry.get_generation(wid, config.generation)
+        newest = None if target is None else registry.latest_generation_for_revision(
+            wid, target.revision)
+    if target is None:
+        raise PublishError(f"there is no generation {config.generation}",
+                           code="generation_missing", path=str(ws.root), field="generation")
+    if newest is None or newest.number != target.number:
+        hint = f"; roll back to generation {newest.number}" if newest is not None else ""
+        raise PublishError(f"generation {target.number} ({target.status.value}) cannot be made "
+                           f"active again{hint}", code="generation_not_retained",
+                           path=str(ws.root), field="generation")
+    result = activate(ws, revision=target.revision)
+    tell(context, f"generation {result.reactivated_generation} (revision "
+                  f"{result.revision[:12]}) is active again")
+    record_active(context, ws, operation="rollback",
+                  rolled_back_from=str(before.number) if before is not None else None)
+    return dg.Output(result, metadata={
+        "revision": result.revision, **commit_links(result.revision),
+        "reactivated_generation": dg.MetadataValue.int(config.generation)})
+
+
+@dg.job(name="rollback",
+        description="Make a retained generation active again (config generation): its revision "
+                    "is activated and search serves it at once, no re-indexing "
+                    "(tht workspace activate --revision of that generation's revision).",
+        tags={"tht/trigger": "operator"})
+def rollback_job() -> None:
+    rollback_generation()
 
 
 # --- one source: the preview, and a prepare of that source alone ---------------------------------
@@ -272,6 +398,14 @@ def prepare_one_source(context: dg.OpExecutionContext, workspace: WorkspaceResou
             result = apply_plan(plan, lambda change: call_model(backend,
                                                                 model_request(plan, change)),
                                 progress=progress)
+    manifest = ws.evidence_dir / MANIFEST_NAME
+    if (result.written or result.deleted) and manifest.is_file():
+        # the curated files and the manifest changed: recorded on applied_batch with the data
+        # version a prepare run gives it (the manifest's sha256), so curated_corpus shows stale
+        version = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        context.log_event(dg.AssetMaterialization(
+            "applied_batch", metadata={**prepare_metadata(result), "source": key},
+            tags={DATA_VERSION_TAG: version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}))
     return dg.Output(result, metadata=prepare_metadata(result))
 
 

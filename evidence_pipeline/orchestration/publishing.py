@@ -20,6 +20,7 @@ partitions of both assets, then uploads the candidate.
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +33,11 @@ from evidence_pipeline.orchestration.authoring import curated_corpus, validation
 from evidence_pipeline.orchestration.metadata import (
     OPERATORS,
     catalog,
+    commit_links,
     corpus_metadata,
     digest,
     evaluation_metadata,
+    generations_metadata,
     misses_metadata,
     version_tags,
 )
@@ -50,6 +53,7 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
+from evidence_pipeline.publishing.activation import list_generations
 from evidence_pipeline.publishing.evaluate import EvaluationReport
 from evidence_pipeline.publishing.index_writer import IndexWriter
 from evidence_pipeline.publishing.publish import (
@@ -133,7 +137,7 @@ def published_corpus(context: dg.AssetExecutionContext,
     tell(context, f"revision {revision[:12]}: materializing from Git")
     corpus = materialize_corpus(ws, revision, progress=embedding_progress(context))
     return dg.Output(corpus, data_version=dg.DataVersion(revision),
-                     metadata={"revision": revision,
+                     metadata={"revision": revision, **commit_links(revision),
                                **corpus_metadata(corpus.report, corpus.loaded)})
 
 
@@ -143,41 +147,62 @@ def publishable(published_corpus: PublishedCorpus) -> dg.AssetCheckResult:
     return validation_result(published_corpus.report, review_blocks=True)
 
 
-@dg.asset(group_name=GROUP, partitions_def=SOURCE_PARTITIONS, kinds={"markdown"},
-          pool=SOURCE_POOL, **CATALOG)
+FRAGMENT_STAGES = ("evidence_fragments", "fragment_embeddings")
+evidence_fragments, fragment_embeddings = (dg.AssetKey(name) for name in FRAGMENT_STAGES)
+
+
+@dg.multi_asset(
+    name="source_fragments", partitions_def=SOURCE_PARTITIONS, can_subset=True,
+    pool=SOURCE_POOL, ins={"published_corpus": dg.AssetIn()},
+    # a backfill of any number of sources is one run (the corpus read and the model loaded once)
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    specs=[dg.AssetSpec(evidence_fragments, deps=[published_corpus], group_name=GROUP,
+                        kinds={"markdown"}, partitions_def=SOURCE_PARTITIONS, skippable=True,
+                        description="One source's units in the activated revision, cut into "
+                                    "fragments no longer than max_chunk_chars (atomic elements "
+                                    "whole).", **CATALOG),
+           dg.AssetSpec(fragment_embeddings, deps=[evidence_fragments], group_name=GROUP,
+                        kinds={"numpy"}, partitions_def=SOURCE_PARTITIONS, skippable=True,
+                        description="Dense vectors of one source's fragments; a fragment "
+                                    "already embedded comes from the vector cache (no work).",
+                        **CATALOG)])
 @refusals
-def evidence_fragments(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
-                       published_corpus: PublishedCorpus) -> dg.Output[Fragments]:
-    """One source's units in the activated revision, cut into fragments no longer than
-    max_chunk_chars (atomic elements whole)."""
+def source_fragments(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
+                     embedder: EmbedderResource,
+                     published_corpus: PublishedCorpus) -> Iterator[dg.MaterializeResult]:
+    """The fragments (and their vectors) of the run's sources: one partition, a range or a
+    whole backfill in one step, each partition recorded with its data version as the publish
+    run records it (a source with no unit in the revision: 0 fragments)."""
     ws = workspace.load()
-    source = check_source_key(context.partition_key)
+    stages = {key.path[-1] for key in context.selected_asset_keys}
+    keys = [check_source_key(k) for k in context.partition_keys]
+    wanted = set(keys)
     units = [item for item in published_corpus.loaded
-             if item.unit is not None and item.unit.provenance.source_file == source]
+             if item.unit is not None and item.unit.provenance.source_file in wanted]
     frags = cut_fragments(ws, units)
-    tell(context, f"{source}: {len(units)} unit(s) → {len(frags)} fragment(s)")
-    return dg.Output(frags, data_version=dg.DataVersion(fragments_version(frags)),
-                     metadata=_fragments_metadata(ws, frags))
-
-
-@dg.asset(group_name=GROUP, partitions_def=SOURCE_PARTITIONS, kinds={"numpy"},
-          pool=SOURCE_POOL, **CATALOG)
-@refusals
-def fragment_embeddings(context: dg.AssetExecutionContext, workspace: WorkspaceResource,
-                        embedder: EmbedderResource,
-                        evidence_fragments: Fragments) -> dg.Output[FragmentVectors]:
-    """Dense vectors of one source's fragments; a fragment already embedded comes from the
-    vector cache (no work)."""
-    ws = workspace.load()
-    emb, vectors, computed = embed_fragments(ws, evidence_fragments, embedder.make(ws))
-    tell(context, f"embedded {computed} new fragment(s), "
-                  f"{len(evidence_fragments) - computed} from cache")
-    version = vectors_version(emb.model_id, fragments_version(evidence_fragments))
-    return dg.Output(FragmentVectors(vectors, computed, emb.model_id),
-                     data_version=dg.DataVersion(version), metadata={
-                         "embedded": dg.MetadataValue.int(computed),
-                         "from_cache": dg.MetadataValue.int(len(evidence_fragments) - computed),
-                         "model": emb.model_id, "dim": dg.MetadataValue.int(emb.dim)})
+    tell(context, f"{len(keys)} source(s): {len(units)} unit(s) → {len(frags)} fragment(s)")
+    model_id = dim = None
+    if "fragment_embeddings" in stages:
+        emb, _, computed = embed_fragments(ws, frags, embedder.make(ws))
+        model_id, dim = emb.model_id, emb.dim
+        tell(context, f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
+    grouped = by_source(frags)
+    for key in keys:
+        mine = grouped.get(key, [])
+        version = fragments_version(mine)
+        if "evidence_fragments" in stages:
+            context.log_event(dg.AssetMaterialization(
+                evidence_fragments, partition=key, metadata=_fragments_metadata(ws, mine),
+                tags=version_tags(version, {"published_corpus": published_corpus.revision})))
+        if model_id is not None:
+            context.log_event(dg.AssetMaterialization(
+                fragment_embeddings, partition=key,
+                metadata={"fragments": dg.MetadataValue.int(len(mine)), "model": model_id,
+                          "dim": dg.MetadataValue.int(dim or 0)},
+                tags=version_tags(vectors_version(model_id, version),
+                                  {"evidence_fragments": version})))
+    # every partition is recorded above (a result here would give them all one metadata)
+    yield from ()
 
 
 def _record_sources(context: dg.AssetExecutionContext, ws: Workspace, revision: str,
@@ -298,5 +323,6 @@ def active_generation(context: dg.AssetExecutionContext, workspace: WorkspaceRes
                            retired_points_deleted=deleted)
     return dg.Output(result, data_version=dg.DataVersion(str(result.generation)), metadata={
         "generation": dg.MetadataValue.int(result.generation),
-        "revision": result.revision,
-        "retired_points_deleted": ", ".join(map(str, deleted)) or "none"})
+        "revision": result.revision, **commit_links(result.revision),
+        "retired_points_deleted": ", ".join(map(str, deleted)) or "none",
+        **generations_metadata(list_generations(ws))})

@@ -20,7 +20,7 @@ from evidence_runtime.workspace import RegistrySection, Workspace, load_workspac
 
 
 class WorkspaceResource(dg.ConfigurableResource):
-    """The workspace repository (``thoth.yaml`` at its root) the pipeline reads and writes."""
+    """The workspace repository (thoth.yaml at its root) the pipeline reads and writes."""
 
     root: str = Field(description="Workspace root: a Git repository with thoth.yaml.")
     registry_url: str | None = Field(
@@ -40,12 +40,10 @@ class WorkspaceResource(dg.ConfigurableResource):
 
 class IndexResource(dg.ConfigurableResource):
     """The workspace's Evidence index: an embedded Qdrant Edge shard or a Qdrant server, as
-    ``thoth.yaml``'s ``index`` section says (with ``THT_QDRANT_URL`` read exactly as by the CLI
-    and ``search()``: :func:`index_config`).
-
-    Where the index lives is the workspace's decision, not this resource's: the CLI, the
-    searches and the Dagster runs use one index and one registry. Only the server's API key can
-    be given here, as a secret bound with ``dg.EnvVar``.
+    the index section of thoth.yaml says (THT_QDRANT_URL read exactly as by the CLI and by
+    search, in index_config). Where the index lives is the workspace's decision, not this
+    resource's: the CLI, the searches and the Dagster runs use one index and one registry.
+    Only the server's API key can be given here, as a secret bound with EnvVar.
     """
 
     api_key: str | None = Field(default=None,
@@ -68,7 +66,7 @@ class IndexResource(dg.ConfigurableResource):
 
 
 class EmbedderResource(dg.ConfigurableResource):
-    """The dense embedder of ``thoth.yaml`` (the runtime embeds questions with the same model,
+    """The dense embedder of thoth.yaml (the runtime embeds questions with the same model,
     so only the thread count can be changed here)."""
 
     threads: int | None = Field(default=None, ge=1, le=64,
@@ -81,7 +79,7 @@ class EmbedderResource(dg.ConfigurableResource):
 
 
 class ModelBackendResource(dg.ConfigurableResource):
-    """The model backend of prepare: ``thoth.yaml``'s ``model`` section unless overridden."""
+    """The model backend of prepare: the model section of thoth.yaml unless overridden."""
 
     backend: str | None = Field(default=None,
                                 description="pi | openai | structural (default: thoth.yaml).")

@@ -220,15 +220,13 @@ def run_publish(root: Path, *, revision: str | None = None,
 def _stage_timings() -> dict[str, str]:
     """Step key of each timed stage → the ``preprocess`` timing it reports."""
     from evidence_pipeline.orchestration.publishing import (
-        evidence_fragments,
-        fragment_embeddings,
         generation_evaluation,
         published_corpus,
     )
 
+    # fragments_s and embed_s come from the candidate's own timings (candidate_generation
+    # cuts and embeds the whole revision; the per-source source_fragments is not in publish)
     return {published_corpus.node_def.name: "validate_s",
-            evidence_fragments.node_def.name: "fragments_s",
-            fragment_embeddings.node_def.name: "embed_s",
             generation_evaluation.node_def.name: "evaluate_s"}
 
 
