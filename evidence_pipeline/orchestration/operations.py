@@ -208,7 +208,7 @@ def activate_job() -> None:
 
 
 class PublishConfig(dg.Config):
-    """Options of a publication (``tht workspace publish``)."""
+    """Options of a publication (tht workspace publish)."""
 
     revision: str | None = Field(
         default=None, description="The Git revision to publish (a commit, tag or branch). "
