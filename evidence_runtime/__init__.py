@@ -7,9 +7,11 @@ Importing this package never imports Dagster, the authoring pipeline, Git or a m
 
 from evidence_runtime.errors import (
     ConfigError,
+    DiskFullError,
     EmbedderError,
     ErrorCode,
     EvidenceError,
+    IndexCorruptError,
     IndexError_,
     IndexLockedError,
     IndexMissingError,
@@ -56,6 +58,7 @@ __all__ = [
     "STAGE_PURPOSES",
     "ConfigError",
     "DocumentOutcome",
+    "DiskFullError",
     "DocumentRef",
     "EmbedderError",
     "EmptyQueryError",
@@ -69,6 +72,7 @@ __all__ = [
     "EvidenceSearchContext",
     "EvidenceSearchOutcome",
     "EvidenceSearcher",
+    "IndexCorruptError",
     "IndexError_",
     "IndexLockedError",
     "IndexMissingError",

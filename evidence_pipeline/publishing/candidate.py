@@ -29,7 +29,7 @@ from evidence_runtime.embeddings import Embedder
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.index import Bm25Settings
 from evidence_runtime.registry import Generation, GenerationStatus
-from evidence_runtime.search import RECORD_KIND
+from evidence_runtime.search import RECORD_KIND, RESULT_FIELDS
 from evidence_runtime.workspace import Workspace
 
 POINT_NAMESPACE = uuid.UUID("6f1c1a52-3d0e-5b8e-9a57-4d2b0e7c9a10")
@@ -170,6 +170,11 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
         raise PublishError(f"verification failed: {total} points in generation {generation}, "
                            f"expected {len(points)}", code="verification_failed")
     fault_step("during_verification")
+    whole = index.point_counts(match, payload_fields=RESULT_FIELDS)
+    if min(whole.dense, whole.bm25, whole.payload) < total:
+        raise PublishError(f"verification failed: of {total} points, {whole.dense} hold the "
+                           f"dense vector, {whole.bm25} the BM25 vector and {whole.payload} "
+                           "their payload fields", code="verification_failed")
     if index.scroll_ids(match) != expected_ids:
         raise PublishError("verification failed: point ids differ from the fragments built",
                            code="verification_failed")
@@ -191,7 +196,9 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
     for item in loaded:
         if item.unit:
             per_kind[item.unit.kind.value] = per_kind.get(item.unit.kind.value, 0) + 1
-    return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
+    # the counts per named vector, which the searcher and `tht workspace check` verify
+    return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind,
+            "vectors": {"dense": whole.dense, "bm25": whole.bm25}}
 
 
 # points per upsert call when progress is reported: each call flushes the embedded shard once

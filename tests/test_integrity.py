@@ -1,0 +1,126 @@
+"""A damaged index, a full disk and leftovers (issue 28 items 1, 2, 3 and 7): the search never
+answers a damaged generation as ``available`` and never dies of a full disk; ``tht workspace
+check`` finds what is wrong and ``--repair`` rebuilds a generation from Git and the vector cache;
+an interrupted evaluation leaves no shard copy behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evidence_pipeline.publishing.index_writer import IndexPoint, open_index_writer
+from evidence_runtime.index import IndexConfig
+from evidence_runtime.registry import Generation, GenerationStatus, Registry
+from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, damaged_points
+from tests.helpers import PublishedDemo, cli, copy_workspace
+
+pytestmark = pytest.mark.usefixtures("own_state")
+
+QUESTION = "degenza media per reparto"
+# what each damage of issue 28 removes from the shard's only segment
+DAMAGES = ("vector_storage", "vector_storage-bm25", "payload_storage")
+
+
+def damage(ws: Path, part: str) -> None:
+    """Delete ``part`` of every segment of the workspace's shard, as an unlucky operator or a
+    failing disk does; the engine reopens the shard with that part empty."""
+    segments = sorted((ws / ".tht" / "index" / "segments").iterdir())
+    assert segments
+    for segment in segments:
+        shutil.rmtree(segment / part)
+
+
+def search(ws: Path) -> dict[str, object]:
+    searcher = EvidenceSearcher.for_workspace(ws)
+    try:
+        return searcher.search(QUESTION, "sql_generation").model_dump(mode="json")
+    finally:
+        searcher.close()
+
+
+# --------------------------------------------------------------------------- item 2
+
+
+@pytest.mark.parametrize("part", DAMAGES)
+def test_a_damaged_shard_answers_index_corrupt_never_available(
+        published_demo: PublishedDemo, tmp_path: Path, part: str) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    assert search(ws)["status"] == "available"
+    damage(ws, part)
+    outcome = search(ws)
+    assert (outcome["status"], outcome["code"], outcome["generation"]) == (
+        "unavailable", "index_corrupt", 1)
+    assert "generation 1 is damaged in the index" in str(outcome["message"])
+    assert "tht workspace check --repair" in str(outcome["message"])
+    assert outcome["results"] == []
+
+
+def test_the_cli_search_of_a_damaged_shard_says_index_corrupt(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    damage(ws, "payload_storage")
+    result = cli("evidence", "search", str(ws), QUESTION, "--purpose", "sql_generation",
+                 "--json")
+    doc = json.loads(result.stdout)
+    assert (doc["status"], doc["code"]) == ("unavailable", "index_corrupt"), result.output
+
+
+def test_publication_records_the_points_of_each_named_vector(
+        published_demo: PublishedDemo) -> None:
+    with Registry.open(f"sqlite:///{published_demo.ws / '.tht' / 'registry.sqlite3'}") as reg:
+        gen = reg.get_generation("psd", 1)
+    assert gen is not None
+    assert gen.counts["vectors"] == {"dense": 80, "bm25": 80} == {
+        "dense": gen.counts["fragments"], "bm25": gen.counts["fragments"]}
+
+
+def _points(n: int) -> list[IndexPoint]:
+    payload = {"workspace_id": "w", "vector_generation": 1, "record_kind": RECORD_KIND,
+               "evidence_id": "evidence:x", "evidence_kind": "domain", "title": "t",
+               "text": "testo", "source_file": "s.md", "source_sha256": "0" * 64,
+               "fragment_ordinal": 0, "curated_path": "evidence/curated/x.md",
+               "workspace_revision": "r", "purposes": ["sql_generation"]}
+    return [IndexPoint(id=f"00000000-0000-5000-8000-{i:012d}", dense=[1.0, float(i), 0.5, 0.1],
+                       text=f"degenza reparto {i}", payload=payload) for i in range(n)]
+
+
+@pytest.mark.parametrize("engine", ["edge", "server"])
+def test_point_counts_and_damaged_points_see_a_lost_vector_or_field_on_both_engines(
+        tmp_path: Path, engine: str) -> None:
+    cfg = (IndexConfig(engine="edge", path=str(tmp_path / "shard")) if engine == "edge"
+           else IndexConfig(engine="server", url=":memory:", collection="c"))
+    index = open_index_writer(cfg, dense_dim=4)
+    gen = Generation(workspace_id="w", number=1, revision="r", status=GenerationStatus.active,
+                     config={}, counts={"fragments": 3, "vectors": {"dense": 3, "bm25": 3}},
+                     evaluation=None, created_at="", activated_at=None)
+    try:
+        index.upsert(_points(3))
+        match = {"workspace_id": "w", "vector_generation": 1, "record_kind": RECORD_KIND}
+        counts = index.point_counts(match, payload_fields=["evidence_id", "title"])
+        assert counts.as_dict() == {"points": 3, "dense": 3, "bm25": 3, "payload": 3}
+        assert damaged_points(index, "w", gen) is None
+        first = _points(1)[0].id
+        if engine == "edge":
+            import qdrant_edge as qe
+
+            shard = index._live()  # pyright: ignore[reportAttributeAccessIssue]
+            shard.update(qe.UpdateOperation.delete_vectors([first], ["bm25"]))
+            shard.update(qe.UpdateOperation.delete_payload([first], ["title"]))
+        else:
+            client = index.client  # pyright: ignore[reportAttributeAccessIssue]
+            client.delete_vectors("c", vectors=["bm25"], points=[first])
+            client.delete_payload("c", keys=["title"], points=[first])
+        counts = index.point_counts(match, payload_fields=["evidence_id", "title"])
+        assert counts.as_dict() == {"points": 3, "dense": 3, "bm25": 2, "payload": 2}
+        why = damaged_points(index, "w", gen)
+        assert why == ("generation 1 is damaged in the index: 2 of 3 hold the bm25 vector; "
+                       "2 of 3 hold their payload fields; repair it with "
+                       "`tht workspace check --repair`")
+    finally:
+        index.close()
