@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from evidence_pipeline.publishing.index_writer import IndexPoint, open_index_wri
 from evidence_runtime.index import IndexConfig
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, damaged_points
-from tests.helpers import PublishedDemo, cli, copy_workspace
+from tests.helpers import ROOT, PublishedDemo, cli, copy_workspace
 
 pytestmark = pytest.mark.usefixtures("own_state")
 
@@ -124,3 +125,72 @@ def test_point_counts_and_damaged_points_see_a_lost_vector_or_field_on_both_engi
                        "`tht workspace check --repair`")
     finally:
         index.close()
+
+
+# --------------------------------------------------------------------------- item 1
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 30 MB filesystem (tmpfs), as the adversarial pass of issue 28 used; skipped where this
+    process may not mount one."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("the disk-full tests mount a 30 MB tmpfs, which needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(mnt)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a 30 MB tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def tht(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tht`` as its own process: a SIGBUS must kill it, not the test run."""
+    return subprocess.run([sys.executable, "-m", "evidence_pipeline.cli", *args],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+LIBRARY_SEARCH = """
+import json, sys
+import evidence_runtime
+evidence_runtime.configure(sys.argv[1])
+outcome = evidence_runtime.search(sys.argv[2], "sql_generation")
+print(json.dumps(outcome.model_dump(mode="json")))
+print("still alive")
+"""
+
+
+def test_a_search_on_a_full_filesystem_answers_disk_full_and_never_kills_the_caller(
+        published_demo: PublishedDemo, small_fs: Path) -> None:
+    ws = copy_workspace(published_demo.ws, small_fs / "ws")  # the data fits, the holes do not
+    result = tht("evidence", "search", str(ws), QUESTION, "--purpose", "sql_generation",
+                 "--json")
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])  # not 135
+    doc = json.loads(result.stdout)
+    assert (doc["status"], doc["code"]) == ("unavailable", "disk_full")
+    assert "MiB free" in doc["message"]
+    app = subprocess.run([sys.executable, "-c", LIBRARY_SEARCH, str(ws), QUESTION],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert app.returncode == 0, (app.returncode, app.stderr[-2000:])
+    lines = app.stdout.splitlines()
+    assert json.loads(lines[0])["code"] == "disk_full"
+    assert lines[1] == "still alive"
+
+
+def test_publishing_on_a_full_filesystem_fails_cleanly_with_disk_full(
+        published_demo: PublishedDemo, small_fs: Path) -> None:
+    ws = copy_workspace(published_demo.ws, small_fs / "ws")
+    shutil.rmtree(ws / ".tht" / "index")  # lost: publishing it again needs a whole new shard
+    result = tht("workspace", "preprocess", "evidence", str(ws), "--json")
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    doc = json.loads(result.stdout)
+    assert (doc["code"], doc["activated"], doc["generation"]) == ("disk_full", False, None)
+    assert "Nothing was changed" in doc["problems"][0]["message"]
+    assert not (ws / ".tht" / "index").exists()
+    with Registry.open(f"sqlite:///{ws / '.tht' / 'registry.sqlite3'}") as reg:
+        assert [g.number for g in reg.generations("psd")] == [1]  # no candidate recorded
