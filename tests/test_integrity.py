@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 
 from evidence_pipeline.publishing.index_writer import IndexPoint, open_index_writer
 from evidence_runtime.index import IndexConfig
+from evidence_runtime.index.edge import copy_sparse
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, damaged_points
 from tests.helpers import ROOT, PublishedDemo, cli, copy_workspace
@@ -194,3 +197,60 @@ def test_publishing_on_a_full_filesystem_fails_cleanly_with_disk_full(
     assert not (ws / ".tht" / "index").exists()
     with Registry.open(f"sqlite:///{ws / '.tht' / 'registry.sqlite3'}") as reg:
         assert [g.number for g in reg.generations("psd")] == [1]  # no candidate recorded
+
+
+# --------------------------------------------------------------------------- item 7
+
+
+def copies(ws: Path) -> list[str]:
+    return sorted(p.name for p in (ws / ".tht").glob(".evaluation-*"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_evaluation_told_to_stop_removes_its_shard_copy(
+        published_demo: PublishedDemo, tmp_path: Path, sig: signal.Signals) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    process = subprocess.Popen([sys.executable, "-m", "evidence_pipeline.cli", "evidence",
+                                "evaluate", str(ws)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 120
+        while not any((ws / ".tht" / name / "index").is_dir() for name in copies(ws)):
+            assert process.poll() is None, "the evaluation ended before its copy was seen"
+            assert time.monotonic() < deadline, "no evaluation copy appeared"
+            time.sleep(0.02)
+        process.send_signal(sig)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode != 0
+    assert copies(ws) == []
+
+
+def dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def leave_copy(ws: Path, name: str, owner: dict[str, object] | None) -> Path:
+    """A shard copy as an evaluation killed outright (kill -9) leaves it."""
+    copy = ws / ".tht" / f".evaluation-{name}"
+    shutil.copytree(ws / ".tht" / "index", copy / "index", copy_function=copy_sparse)
+    if owner is not None:
+        (copy / "owner.json").write_text(json.dumps(owner), encoding="utf-8")
+    return copy
+
+
+def test_the_next_evaluation_sweeps_copies_whose_owner_is_dead_and_keeps_live_ones(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    leave_copy(ws, "dead", {"pid": dead_pid(), "started": None})
+    old = leave_copy(ws, "unowned-old", None)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    leave_copy(ws, "live", {"pid": os.getpid(), "started": None})
+    result = cli("evidence", "evaluate", str(ws), "--json")
+    assert result.exit_code == 0, result.output
+    assert copies(ws) == [".evaluation-live"]
