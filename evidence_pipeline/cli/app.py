@@ -31,6 +31,7 @@ from evidence_pipeline.cli.common import (
     user_errors,
     workspace_root,
 )
+from evidence_pipeline.cli.check import check_cmd
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
 from evidence_pipeline.cli.shared_records import (
     print_comparison,
@@ -527,6 +528,7 @@ def demo_init(dest: Path, force: bool) -> None:
 evidence.add_command(import_formulas_cmd)
 evidence.add_command(import_proposals_cmd)
 workspace.add_command(shared_records_cmd)
+workspace.add_command(check_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover
