@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,3 +255,92 @@ def test_the_next_evaluation_sweeps_copies_whose_owner_is_dead_and_keeps_live_on
     result = cli("evidence", "evaluate", str(ws), "--json")
     assert result.exit_code == 0, result.output
     assert copies(ws) == [".evaluation-live"]
+
+
+# --------------------------------------------------------------------------- item 3
+
+
+def check(ws: Path, *flags: str) -> tuple[int, dict[str, Any]]:
+    result = cli("workspace", "check", str(ws), *flags, "--json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_check_of_an_intact_workspace_finds_nothing(published_demo: PublishedDemo) -> None:
+    code, doc = check(published_demo.ws)
+    assert (code, doc["status"], doc["findings"]) == (0, "ok", [])
+    assert doc["generations"] == [{"number": 1, "status": "active", "expected": 80, "points": 80,
+                                   "dense": 80, "bm25": 80, "payload": 80}]
+
+
+@pytest.mark.parametrize(("part", "finding"), [
+    ("vector_storage", ("vector_missing", "generation 1: 0 of 80 points hold the dense vector")),
+    ("vector_storage-bm25", ("vector_missing",
+                             "generation 1: 0 of 80 points hold the bm25 vector")),
+    ("payload_storage", ("payload_missing",
+                         "generation 1: 0 of 80 points hold their payload fields "
+                         "(evidence_id, evidence_kind, title, text, source_file, source_sha256, "
+                         "fragment_ordinal, curated_path)")),
+])
+def test_check_finds_each_damage_and_repair_rebuilds_the_generation_from_git_and_the_cache(
+        published_demo: PublishedDemo, tmp_path: Path, part: str,
+        finding: tuple[str, str]) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    before = search(ws)
+    damage(ws, part)
+    code, doc = check(ws)
+    assert (code, doc["status"]) == (1, "damaged")
+    assert [(f["code"], f["message"], f["repaired"]) for f in doc["findings"]] == [
+        (*finding, False)]
+    code, doc = check(ws, "--repair")
+    assert (code, doc["status"]) == (0, "repaired"), doc
+    assert doc["embedded"] == 0  # every vector came from the cache
+    assert doc["generations"][0]["dense"] == doc["generations"][0]["payload"] == 80
+    code, doc = check(ws)
+    assert (code, doc["status"], doc["findings"]) == (0, "ok", [])
+    after = search(ws)
+    assert after["status"] == "available"
+    assert after["results"] == before["results"]  # the same answer as the intact index
+
+
+def test_check_rebuilds_a_lost_index_and_reports_and_removes_stale_evaluation_copies(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    before = search(ws)
+    stale = leave_copy(ws, "dead", {"pid": dead_pid(), "started": None})
+    live = leave_copy(ws, "live", {"pid": os.getpid(), "started": None})
+    shutil.rmtree(ws / ".tht" / "index")
+    code, doc = check(ws)
+    assert (code, doc["status"]) == (1, "damaged")
+    assert [f["code"] for f in doc["findings"]] == ["stale_evaluation_copy", "index_missing"]
+    assert stale.is_dir() and live.is_dir()  # a check without --repair changes nothing
+    code, doc = check(ws, "--repair")
+    assert (code, doc["status"]) == (0, "repaired"), doc
+    assert not stale.exists() and live.is_dir()
+    assert search(ws)["results"] == before["results"]
+
+
+def test_the_nightly_job_runs_the_integrity_check_even_when_the_index_is_damaged(
+        published_demo: PublishedDemo, tmp_path: Path) -> None:
+    import dagster as dg
+
+    from evidence_pipeline.definitions import defs
+    from evidence_pipeline.orchestration.resources import (
+        EmbedderResource,
+        IndexResource,
+        WorkspaceResource,
+    )
+
+    ws = copy_workspace(published_demo.ws, tmp_path / "ws")
+    job = defs.resolve_job_def("evaluate_active")
+
+    def run() -> dict[str, bool]:
+        result = job.execute_in_process(
+            instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+            resources={"workspace": WorkspaceResource(root=str(ws)), "index": IndexResource(),
+                       "embedder": EmbedderResource()})
+        return {e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+                for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+
+    assert run() == {"index_integrity": True, "active_index_gate": True}
+    damage(ws, "vector_storage-bm25")
+    assert run() == {"index_integrity": False}  # the evaluation itself fails: index_corrupt

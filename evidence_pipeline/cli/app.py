@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from evidence_pipeline.authoring.backends.base import BACKEND_NAMES
+from evidence_pipeline.cli.check import check_cmd
 from evidence_pipeline.cli.common import (
     EXIT_ERROR,
     EXIT_PROBLEMS,
@@ -31,7 +32,6 @@ from evidence_pipeline.cli.common import (
     user_errors,
     workspace_root,
 )
-from evidence_pipeline.cli.check import check_cmd
 from evidence_pipeline.cli.formulas import import_formulas_cmd, import_proposals_cmd
 from evidence_pipeline.cli.shared_records import (
     print_comparison,

@@ -6,6 +6,7 @@ cache (issue 28 item 3)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +27,12 @@ if TYPE_CHECKING:
     from evidence_runtime.workspace import Workspace
 
 
-def staged_batches(ws: Workspace) -> list[StagedBatch]:
+def staged_batches(ws: Workspace) -> Sequence[StagedBatch]:
     """The batches interrupted authoring runs left staged (read-only)."""
     from evidence_pipeline.authoring import apply
     from evidence_pipeline.authoring.session import authoring_dir
-    from evidence_pipeline.publishing.check import StagedBatch
 
-    return [StagedBatch(name=b.name, state=b.state)
-            for b in apply.inspect(ws.root, authoring_dir(ws))]
+    return apply.inspect(ws.root, authoring_dir(ws))
 
 
 @click.command("check")

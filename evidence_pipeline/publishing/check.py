@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -69,14 +69,19 @@ class CheckReport(_Record):
     status: Literal["ok", "damaged", "repaired"]
     findings: list[Finding] = Field(default_factory=list)
     generations: list[GenerationCheck] = Field(default_factory=list)
+    embedded: int = 0  # fragments a repair embedded again (missing from the vector cache)
     timings: dict[str, float] = Field(default_factory=dict)
 
 
-class StagedBatch(_Record):
-    """A batch an interrupted authoring run left staged (``tht evidence recover`` settles it)."""
+class StagedBatch(Protocol):
+    """A batch an interrupted authoring run left staged (``tht evidence recover`` settles it),
+    as authoring's ``apply.inspect`` lists them."""
 
-    name: str
-    state: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
 
 
 def retained(generations: Sequence[Generation]) -> list[Generation]:
@@ -96,7 +101,7 @@ def check_generation(index: IndexWriter, wid: str, gen: Generation,
     row = GenerationCheck(number=gen.number, status=gen.status.value, expected=expected,
                           points=counts.points, dense=counts.dense, bm25=counts.bm25,
                           payload=counts.payload)
-    want = max(expected or 0, counts.points)
+    want = counts.points  # those missing altogether are points_missing
     found: list[Finding] = []
 
     def add(code: str, message: str) -> None:
@@ -129,12 +134,13 @@ def _open_index(config: IndexConfig, ws: Workspace, *, dense_dim: int | None = N
 
 
 def check_workspace(ws: Workspace, *, repair: bool = False,
-                    staged: Sequence[StagedBatch] = (),
+                    staged: Sequence[StagedBatch] = (), config: IndexConfig | None = None,
                     embedder: Embedder | None = None) -> CheckReport:
     """Check the workspace's registry, index, generations and leftovers; with ``repair``,
     rebuild each damaged generation from its revision and remove stale evaluation copies.
     ``staged``: the batches interrupted authoring runs left (the caller reads them: authoring
-    is not publishing's to import); they are reported, never settled here."""
+    is not publishing's to import); they are reported, never settled here. ``config``: the
+    index to check (default: the workspace's)."""
     t0 = time.perf_counter()
     findings: list[Finding] = [
         Finding(code="staged_batch", path=b.name,
@@ -159,8 +165,8 @@ def check_workspace(ws: Workspace, *, repair: bool = False,
             return _report(findings, rows, t0)
         keep = retained(generations)
         try:
-            config = index_config(ws)
-            index = stack.enter_context(_open_index(config, ws))
+            target = config or index_config(ws)
+            index = stack.enter_context(_open_index(target, ws))
         except IndexMissingError as exc:
             if not keep:
                 return _report(findings, rows, t0)
@@ -171,7 +177,7 @@ def check_workspace(ws: Workspace, *, repair: bool = False,
             if not repair or not isinstance(dim, int):
                 return _report(findings, rows, t0)
             try:
-                index = stack.enter_context(_open_index(config, ws, dense_dim=dim))
+                index = stack.enter_context(_open_index(target, ws, dense_dim=dim))
             except EvidenceError as again:
                 findings[-1] = findings[-1].model_copy(update={"repair_error": str(again)})
                 return _report(findings, rows, t0)
@@ -191,22 +197,27 @@ def check_workspace(ws: Workspace, *, repair: bool = False,
             if found:
                 damaged[gen.number] = gen
         timings = {"check_s": time.perf_counter() - t0}
+        embedded = 0
         if repair and (damaged or stale):
             t = time.perf_counter()
             with publish_lock(ws):
-                _repair(ws, registry, index, damaged, stale, findings, embedder)
+                embedded = _repair(ws, registry, index, damaged, stale, findings, embedder)
                 rows = [check_generation(index, wid, g)[0] for g in keep]
             timings["repair_s"] = time.perf_counter() - t
-    return _report(findings, rows, t0, timings)
+    return _report(findings, rows, t0, timings, embedded=embedded)
 
 
 def _repair(ws: Workspace, registry: RegistryWriter, index: IndexWriter,
             damaged: dict[int, Generation], stale: list[Path],
-            findings: list[Finding], embedder: Embedder | None) -> None:
+            findings: list[Finding], embedder: Embedder | None) -> int:
+    """Rebuild the damaged generations and remove the stale copies, marking the findings
+    repaired (or why not); the fragments embedded again."""
     outcome: dict[int, str | None] = {}
+    embedded = 0
     for number, gen in damaged.items():
         try:
-            rebuild_generation(ws, registry, index, gen, embedder=embedder)
+            embedded += int(rebuild_generation(ws, registry, index, gen,
+                                               embedder=embedder)["embedded"])
             outcome[number] = None
         except (PublishError, EvidenceError) as exc:
             outcome[number] = str(exc)
@@ -224,10 +235,11 @@ def _repair(ws: Workspace, registry: RegistryWriter, index: IndexWriter,
                                                "repair_error": errors[0] if errors else None})
         elif f.code == "stale_evaluation_copy" and f.path is not None:
             findings[i] = f.model_copy(update={"repaired": not Path(f.path).exists()})
+    return embedded
 
 
 def _report(findings: list[Finding], rows: list[GenerationCheck], t0: float,
-            timings: dict[str, float] | None = None) -> CheckReport:
+            timings: dict[str, float] | None = None, *, embedded: int = 0) -> CheckReport:
     times = dict(timings or {"check_s": time.perf_counter() - t0})
     if not findings:
         status: Literal["ok", "damaged", "repaired"] = "ok"
@@ -235,5 +247,5 @@ def _report(findings: list[Finding], rows: list[GenerationCheck], t0: float,
         status = "repaired"
     else:
         status = "damaged"
-    return CheckReport(status=status, findings=findings, generations=rows,
+    return CheckReport(status=status, findings=findings, generations=rows, embedded=embedded,
                        timings={k: round(v, 4) for k, v in times.items()})
