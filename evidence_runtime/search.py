@@ -53,10 +53,10 @@ MAX_MESSAGE = 300
 # supporting excerpts is units.MAX_EXCERPT_CHARS)
 MAX_RESULT_EXCERPT_CHARS = 600
 DEFAULT_LIMIT = 10
-# The payload fields a result is built from: every fragment of a generation must hold them
-# (checked once per generation by the searcher, and by ``tht workspace check``).
-RESULT_FIELDS = ("evidence_id", "evidence_kind", "title", "text", "source_file",
-                 "source_sha256", "fragment_ordinal", "curated_path")
+# The payload fields a result cannot be built without (the others have defaults): every
+# fragment of a generation must hold them (checked once per generation by the searcher, and by
+# ``tht workspace check``).
+RESULT_FIELDS = ("evidence_id", "evidence_kind", "source_file", "source_sha256")
 
 
 class UnavailableCode(StrEnum):
@@ -189,8 +189,7 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
     """Fragments of one unit become one result (best fragment's score); ties by evidence id."""
     groups: dict[str, list[Hit]] = {}
     for hit in hits:
-        lacking = [f for f in ("evidence_id", "evidence_kind", "source_file", "source_sha256")
-                   if f not in hit.payload]
+        lacking = [f for f in RESULT_FIELDS if f not in hit.payload]
         if lacking:  # a damaged payload_storage: never a KeyError, never a partial answer
             raise IndexCorruptError(f"point {hit.id} has no payload field(s) "
                                     f"{', '.join(lacking)}: the index is damaged",

@@ -107,7 +107,7 @@ def test_point_counts_and_damaged_points_see_a_lost_vector_or_field_on_both_engi
     try:
         index.upsert(_points(3))
         match = {"workspace_id": "w", "vector_generation": 1, "record_kind": RECORD_KIND}
-        counts = index.point_counts(match, payload_fields=["evidence_id", "title"])
+        counts = index.point_counts(match, payload_fields=["evidence_id", "source_file"])
         assert counts.as_dict() == {"points": 3, "dense": 3, "bm25": 3, "payload": 3}
         assert damaged_points(index, "w", gen) is None
         first = _points(1)[0].id
@@ -116,12 +116,12 @@ def test_point_counts_and_damaged_points_see_a_lost_vector_or_field_on_both_engi
 
             shard = index._live()  # pyright: ignore[reportAttributeAccessIssue]
             shard.update(qe.UpdateOperation.delete_vectors([first], ["bm25"]))
-            shard.update(qe.UpdateOperation.delete_payload([first], ["title"]))
+            shard.update(qe.UpdateOperation.delete_payload([first], ["source_file"]))
         else:
             client = index.client  # pyright: ignore[reportAttributeAccessIssue]
             client.delete_vectors("c", vectors=["bm25"], points=[first])
-            client.delete_payload("c", keys=["title"], points=[first])
-        counts = index.point_counts(match, payload_fields=["evidence_id", "title"])
+            client.delete_payload("c", keys=["source_file"], points=[first])
+        counts = index.point_counts(match, payload_fields=["evidence_id", "source_file"])
         assert counts.as_dict() == {"points": 3, "dense": 3, "bm25": 2, "payload": 2}
         why = damaged_points(index, "w", gen)
         assert why == ("generation 1 is damaged in the index: 2 of 3 hold the bm25 vector; "
@@ -278,8 +278,7 @@ def test_check_of_an_intact_workspace_finds_nothing(published_demo: PublishedDem
                              "generation 1: 0 of 80 points hold the bm25 vector")),
     ("payload_storage", ("payload_missing",
                          "generation 1: 0 of 80 points hold their payload fields "
-                         "(evidence_id, evidence_kind, title, text, source_file, source_sha256, "
-                         "fragment_ordinal, curated_path)")),
+                         "(evidence_id, evidence_kind, source_file, source_sha256)")),
 ])
 def test_check_finds_each_damage_and_repair_rebuilds_the_generation_from_git_and_the_cache(
         published_demo: PublishedDemo, tmp_path: Path, part: str,
