@@ -22,7 +22,7 @@ from evidence_pipeline.publishing.index_writer import IndexPoint, open_index_wri
 from evidence_runtime.index import IndexConfig
 from evidence_runtime.index.edge import copy_sparse
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
-from evidence_runtime.search import RECORD_KIND, EvidenceSearcher, damaged_points
+from evidence_runtime.search import RECORD_KIND, EvidenceSearcher
 from tests.helpers import ROOT, PublishedDemo, cli, copy_workspace
 
 pytestmark = pytest.mark.usefixtures("own_state")
@@ -98,6 +98,8 @@ def _points(n: int) -> list[IndexPoint]:
 @pytest.mark.parametrize("engine", ["edge", "server"])
 def test_point_counts_and_damaged_points_see_a_lost_vector_or_field_on_both_engines(
         tmp_path: Path, engine: str) -> None:
+    from evidence_runtime.search import damaged_points
+
     cfg = (IndexConfig(engine="edge", path=str(tmp_path / "shard")) if engine == "edge"
            else IndexConfig(engine="server", url=":memory:", collection="c"))
     index = open_index_writer(cfg, dense_dim=4)

@@ -166,8 +166,10 @@ class EvidenceIndex(Protocol):
 
     def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
         """How many points match ``match``, how many of them hold the dense vector, the BM25
-        vector, and every one of ``payload_fields`` (read back from the payload itself, not
-        from its indexes). A damaged shard can lose one of these alone (issue 28)."""
+        vector, and all of ``payload_fields`` (points less those lacking the field most often
+        missing). A damaged shard can lose one of these alone (issue 28); a lost payload store
+        shows in a field without a payload index (its indexes outlive it), such as
+        ``source_sha256``."""
         ...
 
     def scroll_ids(self, match: Match) -> list[str]:

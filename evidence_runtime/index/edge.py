@@ -231,7 +231,6 @@ class EdgeIndex(EvidenceIndex):
 
     def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
         shard = self._live()
-        fields = list(payload_fields)
 
         def count(*extra: Any) -> int:
             return shard.count(qe.CountRequest(exact=True, filter=edge_filter(match, *extra)))
@@ -240,16 +239,8 @@ class EdgeIndex(EvidenceIndex):
             points = count()
             dense = count(qe.HasVectorCondition(DENSE_VECTOR))
             sparse = count(qe.HasVectorCondition(BM25_VECTOR))
-            payload, offset, flt = 0, None, edge_filter(match)
-            while True:  # the payload itself: its indexes outlive a lost payload_storage
-                records, offset = shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, filter=flt, with_payload=fields or True,
-                    with_vector=False))
-                payload += sum(1 for r in records
-                               if r.payload and all(f in r.payload for f in fields))
-                if offset is None:
-                    break
-        return PointCounts(points, dense, sparse, payload)
+            lacking = max((count(qe.IsEmptyCondition(f)) for f in payload_fields), default=0)
+        return PointCounts(points, dense, sparse, points - min(lacking, points))
 
     def _scroller(self, match: Match) -> ScrollPage:
         shard = self._live()

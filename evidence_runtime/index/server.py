@@ -129,7 +129,6 @@ class ServerIndex(EvidenceIndex):
 
     def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
         m = self._m
-        fields = list(payload_fields)
 
         def count(*extra: Any) -> int:
             return self.client.count(self.collection, count_filter=self._filter(match, *extra),
@@ -139,16 +138,9 @@ class ServerIndex(EvidenceIndex):
             points = count()
             dense = count(m.HasVectorCondition(has_vector=DENSE_VECTOR))
             sparse = count(m.HasVectorCondition(has_vector=BM25_VECTOR))
-            payload, offset, flt = 0, None, self._filter(match)
-            while True:
-                records, offset = self.client.scroll(
-                    self.collection, scroll_filter=flt, limit=SCROLL_PAGE, offset=offset,
-                    with_payload=fields or True, with_vectors=False)
-                payload += sum(1 for r in records
-                               if r.payload and all(f in r.payload for f in fields))
-                if offset is None:
-                    break
-        return PointCounts(points, dense, sparse, payload)
+            lacking = max((count(m.IsEmptyCondition(is_empty=m.PayloadField(key=f)))
+                           for f in payload_fields), default=0)
+        return PointCounts(points, dense, sparse, points - min(lacking, points))
 
     def _scroller(self, match: Match) -> ScrollPage:
         flt = self._filter(match)
