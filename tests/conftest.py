@@ -255,6 +255,7 @@ SLOWEST_FIRST = (
     "tests/test_search.py",
     "tests/test_dagster.py",
     "tests/test_maintenance_window.py",
+    "tests/test_integrity.py",
     "tests/test_operations.py",
     "tests/test_evaluate.py",
     "tests/test_properties.py",
