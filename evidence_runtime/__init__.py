@@ -7,9 +7,11 @@ Importing this package never imports Dagster, the authoring pipeline, Git or a m
 
 from evidence_runtime.errors import (
     ConfigError,
+    DiskFullError,
     EmbedderError,
     ErrorCode,
     EvidenceError,
+    IndexCorruptError,
     IndexError_,
     IndexLockedError,
     IndexMissingError,
@@ -55,6 +57,7 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "STAGE_PURPOSES",
     "ConfigError",
+    "DiskFullError",
     "DocumentOutcome",
     "DocumentRef",
     "EmbedderError",
@@ -69,6 +72,7 @@ __all__ = [
     "EvidenceSearchContext",
     "EvidenceSearchOutcome",
     "EvidenceSearcher",
+    "IndexCorruptError",
     "IndexError_",
     "IndexLockedError",
     "IndexMissingError",

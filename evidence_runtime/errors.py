@@ -31,6 +31,8 @@ class ErrorCode(StrEnum):
     index_unreachable = "index_unreachable"
     index_locked = "index_locked"
     index_schema_mismatch = "index_schema_mismatch"
+    index_corrupt = "index_corrupt"
+    disk_full = "disk_full"
     embedder_error = "embedder_error"
     registry_error = "registry_error"
     registry_locked = "registry_locked"
@@ -157,6 +159,22 @@ class IndexUnavailableError(IndexError_):
 
 class IndexMissingError(IndexUnavailableError):
     """There is no index at the configured place (never published there, or lost)."""
+
+
+class IndexCorruptError(IndexError_):
+    """The index does not hold what the registry recorded for a generation: a named vector or
+    payload fields of some of its points are missing (damaged files; repair with
+    ``tht workspace check --repair``)."""
+
+    code = ErrorCode.index_corrupt
+
+
+class DiskFullError(IndexUnavailableError):
+    """The embedded shard cannot be used safely: its filesystem has less free space than the
+    shard's unallocated (sparse) regions the engine may write into, and a write into a hole
+    with no space left would kill the process (SIGBUS)."""
+
+    code = ErrorCode.disk_full
 
 
 class IndexLockedError(IndexError_):

@@ -22,8 +22,10 @@ from evidence_runtime.closing import Closeable
 from evidence_runtime.embeddings import Embedder, make_embedder
 from evidence_runtime.errors import (
     ConfigError,
+    DiskFullError,
     EmbedderError,
     EvidenceError,
+    IndexCorruptError,
     IndexError_,
     IndexLockedError,
     IndexUnavailableError,
@@ -51,6 +53,10 @@ MAX_MESSAGE = 300
 # supporting excerpts is units.MAX_EXCERPT_CHARS)
 MAX_RESULT_EXCERPT_CHARS = 600
 DEFAULT_LIMIT = 10
+# The payload fields a result cannot be built without (the others have defaults): every
+# fragment of a generation must hold them (checked once per generation by the searcher, and by
+# ``tht workspace check``).
+RESULT_FIELDS = ("evidence_id", "evidence_kind", "source_file", "source_sha256")
 
 
 class UnavailableCode(StrEnum):
@@ -65,6 +71,8 @@ class UnavailableCode(StrEnum):
     index_unreachable = "index_unreachable"
     index_locked = "index_locked"
     index_error = "index_error"
+    index_corrupt = "index_corrupt"
+    disk_full = "disk_full"
     embedder_failed = "embedder_failed"
     document_missing = "document_missing"
 
@@ -144,6 +152,10 @@ def unavailable(code: UnavailableCode, message: str, **kw: Any) -> EvidenceSearc
 def _index_code(exc: IndexError_) -> UnavailableCode:
     if isinstance(exc, IndexLockedError):
         return UnavailableCode.index_locked
+    if isinstance(exc, DiskFullError):
+        return UnavailableCode.disk_full
+    if isinstance(exc, IndexCorruptError):
+        return UnavailableCode.index_corrupt
     if isinstance(exc, IndexUnavailableError):
         return UnavailableCode.index_unreachable
     return UnavailableCode.index_error
@@ -177,6 +189,11 @@ def group_hits(hits: Sequence[Hit], *, limit: int, revision: str,
     """Fragments of one unit become one result (best fragment's score); ties by evidence id."""
     groups: dict[str, list[Hit]] = {}
     for hit in hits:
+        lacking = [f for f in RESULT_FIELDS if f not in hit.payload]
+        if lacking:  # a damaged payload_storage: never a KeyError, never a partial answer
+            raise IndexCorruptError(f"point {hit.id} has no payload field(s) "
+                                    f"{', '.join(lacking)}: the index is damaged",
+                                    field=lacking[0])
         groups.setdefault(str(hit.payload["evidence_id"]), []).append(hit)
     ranked = sorted(groups.items(), key=lambda kv: (-max(h.score for h in kv[1]), kv[0]))
     results: list[EvidenceResult] = []
@@ -222,6 +239,36 @@ def missing_points(index: EvidenceIndex, workspace_id: str, generation: Generati
     if found:
         return None
     return f"generation {generation.number} has no points in the index (lost or rebuilt)"
+
+
+def damaged_points(index: EvidenceIndex, workspace_id: str,
+                   generation: Generation) -> str | None:
+    """Why ``generation``'s points cannot be trusted (some lack the dense vector, the BM25
+    vector or the payload fields a result is built from, or hold fewer of them than the registry
+    recorded at publication), or None when they are whole.
+
+    A shard whose ``vector_storage`` or ``payload_storage`` was lost is reopened by the engine
+    with that part empty: searches would answer from one branch alone, or fail on a missing
+    field (issue 28). The searcher answers ``unavailable``/``index_corrupt`` instead.
+    """
+    counts = index.point_counts({"workspace_id": workspace_id,
+                                 "vector_generation": generation.number,
+                                 "record_kind": RECORD_KIND}, payload_fields=RESULT_FIELDS)
+    recorded: Any = generation.counts.get("vectors")
+    wanted = {"dense": counts.points, "bm25": counts.points}
+    if isinstance(recorded, dict):
+        for name, value in cast(dict[str, Any], recorded).items():
+            if name in wanted and isinstance(value, int) and not isinstance(value, bool):
+                wanted[name] = max(wanted[name], value)
+    found = {"dense": counts.dense, "bm25": counts.bm25}
+    short = [f"{found[name]} of {n} hold the {name} vector" for name, n in wanted.items()
+             if found[name] < n]
+    if counts.payload < counts.points:
+        short.append(f"{counts.payload} of {counts.points} hold their payload fields")
+    if not short:
+        return None
+    return (f"generation {generation.number} is damaged in the index: {'; '.join(short)}; "
+            "repair it with `tht workspace check --repair`")
 
 
 def generation_bm25(generation: Generation, language: str) -> Bm25Settings:
@@ -279,7 +326,7 @@ class EvidenceSearcher(Closeable):
         self._owns_registry = False
         self._index_config = index_config
         self._lock = threading.Lock()
-        self._present: int | None = None  # the generation whose points were last found
+        self._present: int | None = None  # the generation whose points were last found whole
 
     @classmethod
     def for_workspace(cls, workspace: Workspace | Path | str, *,
@@ -427,15 +474,20 @@ class EvidenceSearcher(Closeable):
                                    f"{lost}: publish the activated revision again "
                                    "(tht workspace preprocess evidence)",
                                    generation=gen.number, purpose=purpose)
+            results = group_hits(hits, limit=limit, revision=revision,
+                                 workspace_id=self.workspace_id)
         except ConfigError as exc:  # e.g. the server's API key variable is not set
             return unavailable(UnavailableCode.not_configured, str(exc), purpose=purpose)
         except IndexError_ as exc:
-            if self._owns_index and isinstance(exc, (IndexLockedError,
-                                                     IndexUnavailableError)):
+            # a damaged shard is released too, so that `tht workspace check --repair` can
+            # open it; the next call opens it again
+            if self._owns_index and isinstance(exc, (IndexLockedError, IndexUnavailableError,
+                                                     IndexCorruptError)):
                 self._reset_index()
+            if isinstance(exc, IndexCorruptError):
+                return unavailable(UnavailableCode.index_corrupt, exc.message,
+                                   generation=gen.number, purpose=purpose)
             return unavailable(_index_code(exc), exc.message, purpose=purpose)
-        results = group_hits(hits, limit=limit, revision=revision,
-                             workspace_id=self.workspace_id)
         return EvidenceSearchOutcome(status="available", generation=gen.number,
                                      revision=revision, purpose=purpose,
                                      results=tuple(results))
@@ -454,12 +506,24 @@ class EvidenceSearcher(Closeable):
     def _lost_points(self, index: EvidenceIndex, gen: Generation, *,
                      recount: bool = False) -> str | None:
         """Why ``gen``'s points are missing, or None: counted once per generation change
-        (cheap, one count), and again when ``recount``."""
+        (cheap, one count), and again when ``recount``. The first time, the points are also
+        checked whole (:func:`damaged_points`): :class:`IndexCorruptError` when they are not."""
         if self._present == gen.number and not recount:
             return None
         lost = missing_points(index, self.workspace_id, gen)
+        if lost is None and self._present != gen.number:
+            damaged = damaged_points(index, self.workspace_id, gen)
+            if damaged is not None:
+                self._present = None
+                raise IndexCorruptError(damaged, path=self._where())
         self._present = None if lost else gen.number
         return lost
+
+    def _where(self) -> str | None:
+        cfg = self._index_config
+        if cfg is None:
+            return None
+        return cfg.path if cfg.engine == "edge" else cfg.collection
 
     def _reset_registry(self) -> None:
         """Forget a registry this searcher opened, so the next call opens it again (it may

@@ -259,6 +259,7 @@ SLOWEST_FIRST = (
     "tests/test_dagster_operator.py",
     "tests/test_maintenance_window.py",
     "tests/test_publish_dagster.py",
+    "tests/test_integrity.py",
     "tests/test_operations.py",
     "tests/test_evaluate.py",
     "tests/test_review.py",

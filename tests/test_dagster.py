@@ -169,7 +169,8 @@ def test_every_stage_is_an_asset_with_its_checks_jobs_sensors_and_schedule() -> 
     assert checks == {("published_corpus", "publishable"): True,
                       ("generation_evaluation", "evaluation_gate"): True,
                       ("curated_corpus", "curated_corpus_publishable"): False,
-                      ("active_index_evaluation", "active_index_gate"): False}
+                      ("active_index_evaluation", "active_index_gate"): False,
+                      ("active_generation", "index_integrity"): False}
     for key in ("evidence_source", "source_file", "normalized_source", "restructured_units",
                 "validated_units", "evidence_fragments", "fragment_embeddings"):
         assert graph.get(dg.AssetKey(key)).partitions_def == SOURCE_PARTITIONS

@@ -105,7 +105,8 @@ def test_publish_job_materializes_the_graph_on_the_demo_workspace(
     assert materialized(result) == {"published_corpus", "evidence_fragments",
                                     "fragment_embeddings", "candidate_generation",
                                     "generation_evaluation", "active_generation"}
-    assert check_results(result) == {"publishable": True, "evaluation_gate": True}
+    assert check_results(result) == {"publishable": True, "evaluation_gate": True,
+                                     "index_integrity": True}
     outcome = result.output_for_node("active_generation")
     assert (outcome.generation, outcome.activated) == (1, True)
     assert active_state(ws) == (1, {1: GenerationStatus.active})

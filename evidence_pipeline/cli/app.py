@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from evidence_pipeline.authoring.backends.base import BACKEND_NAMES
+from evidence_pipeline.cli.check import check_cmd
 from evidence_pipeline.cli.common import (
     EXIT_ERROR,
     EXIT_PROBLEMS,
@@ -552,6 +553,7 @@ evidence.add_command(suggest_cmd)
 workspace.add_command(shared_records_cmd)
 workspace.add_command(publish_cmd)
 workspace.add_command(generations_cmd)
+workspace.add_command(check_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

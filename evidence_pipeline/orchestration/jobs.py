@@ -26,7 +26,7 @@ from evidence_pipeline.orchestration.authoring import (
     source_file,
     validated_units,
 )
-from evidence_pipeline.orchestration.monitoring import active_index_evaluation
+from evidence_pipeline.orchestration.monitoring import active_index_evaluation, index_integrity
 from evidence_pipeline.orchestration.publishing import (
     active_generation,
     candidate_generation,
@@ -75,6 +75,9 @@ source_job = dg.define_asset_job(
                 "(nothing is written; an unchanged source stops at its hash).")
 
 evaluate_active_job = dg.define_asset_job(
-    "evaluate_active", selection=dg.AssetSelection.assets(active_index_evaluation),
+    "evaluate_active",
+    selection=dg.AssetSelection.assets(active_index_evaluation)
+    | dg.AssetSelection.checks(index_integrity),
     executor_def=dg.in_process_executor,
-    description="tht evidence evaluate against the active generation (read-only).")
+    description="tht evidence evaluate against the active generation, and the index's "
+                "integrity check (tht workspace check), both read-only.")

@@ -1,6 +1,10 @@
 """Monitoring: evaluation.yaml against the active index (read-only), run nightly.
 
-The same evaluation ``tht evidence evaluate`` runs (:func:`evaluate_generation`); its report is
+The nightly job also runs ``index_integrity``, the check ``tht workspace check`` makes (registry,
+each retained generation's points, named vectors and payload fields, staged batches, stale
+evaluation copies), on ``active_generation`` (so it runs after each publication too, and even
+when a damaged index makes the evaluation itself fail). The same evaluation ``tht evidence
+evaluate`` runs (:func:`evaluate_generation`); its report is
 recorded as the asset's value and metadata (hit@5, hit@10, per-branch ranks, regressions against
 the saved baseline).
 """
@@ -9,6 +13,8 @@ from typing import Any
 
 import dagster as dg
 
+from evidence_pipeline.authoring import apply
+from evidence_pipeline.authoring.session import authoring_dir
 from evidence_pipeline.orchestration.metadata import (
     OPERATORS,
     catalog,
@@ -24,6 +30,7 @@ from evidence_pipeline.orchestration.resources import (
     IndexResource,
     WorkspaceResource,
 )
+from evidence_pipeline.publishing.check import check_workspace
 from evidence_pipeline.publishing.evaluate import (
     EvaluationReport,
     baseline_path,
@@ -103,3 +110,20 @@ def save_baseline_of_active(context: dg.OpExecutionContext, workspace: Workspace
         tags={"tht/trigger": "operator"})
 def save_evaluation_baseline_job() -> None:
     save_baseline_of_active()
+
+
+@dg.asset_check(asset=active_generation, blocking=False)
+def index_integrity(workspace: WorkspaceResource, index: IndexResource) -> dg.AssetCheckResult:
+    """The index holds every retained generation whole (`tht workspace check`, no repair)."""
+    ws = workspace.load()
+    report = check_workspace(ws, config=index.config(ws),
+                             staged=apply.inspect(ws.root, authoring_dir(ws)))
+    findings = "\n".join(f"{f.code}: {f.message}" for f in report.findings) or "none"
+    metadata: dict[str, Any] = {
+        "status": dg.MetadataValue.text(report.status),
+        "findings": dg.MetadataValue.md(findings),
+        "check_s": dg.MetadataValue.float(report.timings.get("check_s", 0.0)),
+        "generations": dg.MetadataValue.json(
+            [g.model_dump(mode="json") for g in report.generations])}
+    return dg.AssetCheckResult(passed=report.status == "ok",
+                               severity=dg.AssetCheckSeverity.ERROR, metadata=metadata)

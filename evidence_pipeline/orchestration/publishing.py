@@ -92,11 +92,12 @@ class FragmentVectors:
     model_id: str
 
 
-def _index(ws: Workspace, index: IndexResource, dense_dim: int
+def _index(ws: Workspace, index: IndexResource, dense_dim: int, *, points: int = 0,
            ) -> contextlib.closing[IndexWriter]:
-    """The index resource opened for one step (closed at the end of it)."""
+    """The index resource opened for one step (closed at the end of it); ``points``: how
+    many it will write (room checked first)."""
     return contextlib.closing(open_target_index(
-        ws, dense_dim, lambda w, dim: index.open(w, dense_dim=dim)))
+        ws, dense_dim, lambda w, dim: index.open(w, dense_dim=dim), points=points))
 
 
 def fragments_version(frags: Fragments) -> str:
@@ -248,7 +249,7 @@ def candidate_generation(context: dg.AssetExecutionContext, workspace: Workspace
     timings["embed_s"] = time.perf_counter() - t
     tell(context, f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
     outside = _record_sources(context, ws, published_corpus.revision, frags, emb.model_id)
-    with open_registry(ws) as registry, _index(ws, index, emb.dim) as idx:
+    with open_registry(ws) as registry, _index(ws, index, emb.dim, points=len(frags)) as idx:
         candidate = build_candidate(ws, registry, idx, emb, published_corpus.revision,
                                     published_corpus.loaded, frags, vectors, computed=computed,
                                     say=lambda m: tell(context, m),

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence_pipeline.formats.fragments import Fragment, bm25_settings
+from evidence_pipeline.formats.fragments import Fragment, bm25_settings, build_fragments
 from evidence_pipeline.publishing.guard import (
     FAULT_ENV,
     Progress,
@@ -22,6 +22,11 @@ from evidence_pipeline.publishing.guard import (
     publish_lock,
 )
 from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter
+from evidence_pipeline.publishing.intake import (
+    embed_fragments,
+    materialize_corpus,
+    require_publishable,
+)
 from evidence_pipeline.publishing.progress import PhaseReporter, phase_reporter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.corpus import LoadedUnit
@@ -29,7 +34,7 @@ from evidence_runtime.embeddings import Embedder
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.index import Bm25Settings
 from evidence_runtime.registry import Generation, GenerationStatus
-from evidence_runtime.search import RECORD_KIND
+from evidence_runtime.search import RECORD_KIND, RESULT_FIELDS, generation_bm25
 from evidence_runtime.workspace import Workspace
 
 POINT_NAMESPACE = uuid.UUID("6f1c1a52-3d0e-5b8e-9a57-4d2b0e7c9a10")
@@ -170,6 +175,11 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
         raise PublishError(f"verification failed: {total} points in generation {generation}, "
                            f"expected {len(points)}", code="verification_failed")
     fault_step("during_verification")
+    whole = index.point_counts(match, payload_fields=RESULT_FIELDS)
+    if min(whole.dense, whole.bm25, whole.payload) < total:
+        raise PublishError(f"verification failed: of {total} points, {whole.dense} hold the "
+                           f"dense vector, {whole.bm25} the BM25 vector and {whole.payload} "
+                           "their payload fields", code="verification_failed")
     if index.scroll_ids(match) != expected_ids:
         raise PublishError("verification failed: point ids differ from the fragments built",
                            code="verification_failed")
@@ -191,7 +201,9 @@ def verify_generation(index: IndexWriter, wid: str, generation: int, revision: s
     for item in loaded:
         if item.unit:
             per_kind[item.unit.kind.value] = per_kind.get(item.unit.kind.value, 0) + 1
-    return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind}
+    # the counts per named vector, which the searcher and `tht workspace check` verify
+    return {"units": len(units), "fragments": len(points), "units_per_kind": per_kind,
+            "vectors": {"dense": whole.dense, "bm25": whole.bm25}}
 
 
 # points per upsert call when progress is reported: each call flushes the embedded shard once
@@ -263,3 +275,67 @@ def discard_points(index: IndexWriter, wid: str, generation: int) -> None:
     with contextlib.suppress(Exception):
         index.delete({"workspace_id": wid, "vector_generation": generation,
                       "record_kind": RECORD_KIND})
+
+
+@dataclass
+class GenerationPoints:
+    """A published generation's points as its revision gives them again."""
+
+    points: list[IndexPoint]
+    loaded: list[LoadedUnit]
+    embedded: int  # fragments missing from the vector cache, embedded again
+
+
+def generation_points(ws: Workspace, generation: Generation, *,
+                      embedder: Embedder | None = None) -> GenerationPoints:
+    """The points of ``generation`` rebuilt from its revision in Git and the vector cache: the
+    same ids, vectors, BM25 texts and payloads as published (the index is derived data). A
+    vector the cache lost is embedded again (counted in ``embedded``); a generation embedded
+    with another model than thoth.yaml names now is :class:`PublishError`."""
+    model = generation.config.get("embedder")
+    corpus = materialize_corpus(ws, generation.revision)
+    require_publishable(corpus)
+    max_chars = generation.config.get("max_chunk_chars")
+    if not isinstance(max_chars, int) or isinstance(max_chars, bool):
+        max_chars = ws.config.embeddings.max_chunk_chars
+    frags = [(item, fr) for item in corpus.loaded if item.unit is not None and item.doc
+             for fr in build_fragments(item.unit, item.doc.body, max_chars)]
+    emb, vectors, computed = embed_fragments(ws, frags, embedder)
+    if model is not None and emb.model_id != model:
+        raise PublishError(f"generation {generation.number} was embedded with {model}, and "
+                           f"thoth.yaml now names {emb.model_id}: publish the activated "
+                           "revision again instead", code="publish_failed")
+    wid = ws.config.workspace_id
+    points = [IndexPoint(id=point_id(wid, generation.number, item.unit.id, fr.ordinal),
+                         dense=vectors[i], text=fr.text,
+                         payload=fragment_payload(ws, generation.revision, generation.number,
+                                                  item, fr))
+              for i, (item, fr) in enumerate(frags) if item.unit is not None]
+    return GenerationPoints(points, corpus.loaded, computed)
+
+
+def rebuild_generation(ws: Workspace, registry: RegistryWriter, index: IndexWriter,
+                       generation: Generation, *, embedder: Embedder | None = None,
+                       ) -> dict[str, Any]:
+    """Write ``generation``'s points again (:func:`generation_points`) over what the index
+    holds of them, and verify them as a publication does; its status and the active pointer
+    are left alone. :class:`PublishError` when the revision no longer gives the fragments the
+    registry recorded (nothing is written then). Returns the verified counts and ``embedded``."""
+    rebuilt = generation_points(ws, generation, embedder=embedder)
+    expected = generation.counts.get("fragments")
+    if isinstance(expected, int) and expected != len(rebuilt.points):
+        raise PublishError(f"generation {generation.number}: its revision gives "
+                           f"{len(rebuilt.points)} fragment(s), the registry recorded "
+                           f"{expected}; publish the activated revision again instead",
+                           code="verification_failed")
+    wid = ws.config.workspace_id
+    with publish_lock(ws):
+        index.delete({"workspace_id": wid, "vector_generation": generation.number,
+                      "record_kind": RECORD_KIND})
+        index.upsert(rebuilt.points, bm25=generation_bm25(generation, ws.config.language))
+        counts = verify_generation(index, wid, generation.number, generation.revision,
+                                   rebuilt.points, rebuilt.loaded)
+        if generation.counts.get("vectors") != counts["vectors"]:
+            registry.update_generation(wid, generation.number,
+                                       counts={**generation.counts, "vectors": counts["vectors"]})
+    return {**counts, "embedded": rebuilt.embedded}

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +37,7 @@ from pydantic import (
 
 from evidence_pipeline.formats.evalset import EvalQuery, EvaluationSet, Profile, read_evaluation
 from evidence_pipeline.gitrepo import materialize_revision
+from evidence_pipeline.publishing.evaluation_copies import evaluation_copy
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.unit_cache import UnitCache
 from evidence_pipeline.validation.validator import load_units
@@ -390,15 +390,16 @@ def evaluation_index(ws: Workspace, config: IndexConfig) -> Iterator[IndexConfig
     On the embedded engine, a private copy of the shard under the state directory, taken while
     the shard is held for a moment (the copy) and removed afterwards: the evaluation's many
     queries (seconds to minutes) never keep searches in other processes waiting on the shard
-    (issue 17 item 8). A server (readers do not lock it), or no shard yet: ``config`` itself,
-    and the searcher answers as it always does.
+    (issue 17 item 8). The copy is removed even when the process is told to stop (SIGTERM,
+    SIGINT), and swept by the next evaluation when its process was killed outright. A server
+    (readers do not lock it), or no shard yet: ``config`` itself, and the searcher answers as
+    it always does.
     """
     if config.engine != "edge" or not shard_exists(config.edge_path()):
         yield config
         return
-    ws.state_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".evaluation-", dir=ws.state_dir) as tmp:
-        copy = Path(tmp) / "index"
+    with evaluation_copy(ws.state_dir) as tmp:  # removed on SIGTERM too; stale ones swept
+        copy = tmp / "index"
         with EdgeIndex.open(config.edge_path(), language=ws.config.language,
                             lock_wait_s=config.lock_wait_s) as shard:
             shard.copy_to(copy)

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 import qdrant_edge as qe
 
-from evidence_runtime.errors import IndexSchemaError, IndexUnavailableError
+from evidence_runtime.errors import DiskFullError, IndexSchemaError, IndexUnavailableError
 from evidence_runtime.index import (
     BM25_MODEL,
     BM25_VECTOR,
@@ -42,9 +42,11 @@ from evidence_runtime.index.base import Bm25Settings, as_floats, bm25_model, cac
 from evidence_runtime.index.config import server_client
 from evidence_runtime.index.edge import (
     EDGE_CONFIG_FILE,
+    OPEN_MARGIN_BYTES,
     edge_filter,
     edge_open_error,
     shard_lock,
+    shard_space,
 )
 from evidence_runtime.index.edge import shard_exists as edge_shard_exists
 
@@ -55,7 +57,9 @@ __all__ = [
     "IndexPoint",
     "IndexWriter",
     "ServerIndexWriter",
+    "check_publish_space",
     "open_index_writer",
+    "publish_space_needed",
 ]
 
 # Payload fields that filters use (spec §9.6), with their index type. vector_generation is an
@@ -328,6 +332,39 @@ class EdgeIndexWriter(EdgeIndex):
         started = time.perf_counter()
         self.optimize()
         return time.perf_counter() - started
+
+
+# What a new shard's files add up to as the engine creates them, holes included (an empty
+# shard with the Evidence schema: 228 MB apparent; the published demo: 262 MB): the engine
+# maps them and fills the holes as it writes, so the space must be there before it does.
+NEW_SHARD_BYTES = 256 << 20
+# Generous room per point written (a 384-float vector is 1.5 KB; its text, payload, BM25
+# tokens, write-ahead-log record and payload-index entries a few KB more).
+POINT_BYTES = 16 << 10
+
+
+def publish_space_needed(path: Path, points: int) -> int:
+    """The free bytes publishing ``points`` points into the shard at ``path`` needs: the holes
+    of its files (a new shard's whole size), a write-ahead-log segment, and room per point."""
+    holes = shard_space(path)[0] if edge_shard_exists(path) else NEW_SHARD_BYTES
+    return holes + OPEN_MARGIN_BYTES + points * POINT_BYTES
+
+
+def check_publish_space(path: Path, points: int) -> None:
+    """:class:`DiskFullError` (``disk_full``) when the filesystem of the shard at ``path`` (or
+    of its parent, before it exists) has less room than :func:`publish_space_needed`: checked
+    before anything is written, as a write into a mapped hole with no space left would kill
+    the publisher (SIGBUS) instead of failing it."""
+    where = path if path.exists() else next((p for p in path.parents if p.exists()), path)
+    vfs = os.statvfs(where)
+    free = vfs.f_bavail * vfs.f_frsize
+    needed = publish_space_needed(path, points)
+    if free < needed:
+        mib = 1 << 20
+        raise DiskFullError(
+            f"publishing {points} point(s) needs about {needed / mib:.0f} MiB free on the "
+            f"filesystem of the embedded index, which has {free / mib:.1f} MiB; free some "
+            "space, or move the index (index.path). Nothing was changed", path=str(path))
 
 
 # --------------------------------------------------------------------------- Qdrant server

@@ -17,7 +17,11 @@ from evidence_pipeline.publishing.embedding_cache import (
 )
 from evidence_pipeline.publishing.evaluate import revision_evidence_dir
 from evidence_pipeline.publishing.guard import PublishError, named_problems
-from evidence_pipeline.publishing.index_writer import IndexWriter, open_index_writer
+from evidence_pipeline.publishing.index_writer import (
+    IndexWriter,
+    check_publish_space,
+    open_index_writer,
+)
 from evidence_pipeline.publishing.progress import phase_reporter
 from evidence_pipeline.publishing.registry_writer import RegistryWriter
 from evidence_pipeline.validation.corpus import LoadedUnit
@@ -117,10 +121,15 @@ def embed_fragments(ws: Workspace, frags: list[tuple[LoadedUnit, Fragment]],
 
 def open_target_index(ws: Workspace, dense_dim: int,
                       index_factory: Callable[[Workspace, int], IndexWriter] | None = None,
-                      ) -> IndexWriter:
-    """The index to publish into (thoth.yaml's unless ``index_factory`` is given)."""
+                      *, points: int = 0) -> IndexWriter:
+    """The index to publish into (thoth.yaml's unless ``index_factory`` is given); on the
+    embedded engine, ``disk_full`` before anything is written when its filesystem has no room
+    for ``points`` more points (see :func:`check_publish_space`)."""
     try:
+        cfg = index_config(ws)
+        if cfg.engine == "edge":
+            check_publish_space(cfg.edge_path(), points)
         return index_factory(ws, dense_dim) if index_factory else open_index_writer(
-            index_config(ws), language=ws.config.language, dense_dim=dense_dim, create=True)
+            cfg, language=ws.config.language, dense_dim=dense_dim, create=True)
     except EvidenceError as exc:  # e.g. the embedded shard is held by another process
         raise PublishError(f"cannot open the index: {exc}", code=exc.code) from exc

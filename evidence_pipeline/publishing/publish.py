@@ -212,7 +212,7 @@ def _run(ws: Workspace, registry: RegistryWriter, revision: str,
     timings["embed_s"] = time.perf_counter() - t
     say(f"embedded {computed} new fragment(s), {len(frags) - computed} from cache")
 
-    index = open_target_index(ws, emb.dim, index_factory)
+    index = open_target_index(ws, emb.dim, index_factory, points=len(frags))
     try:
         return _publish(ws, registry, index, emb, revision, corpus.loaded, frags, vectors,
                         evalset, computed, timings, say, t0, embedding, expected)

@@ -29,10 +29,12 @@ __all__ = [
     "DEFAULT_BM25_AVG_LEN",
     "DEFAULT_RRF_K",
     "DEFAULT_RRF_WEIGHTS",
+    "DENSE_VECTOR",
     "Bm25Settings",
     "EvidenceIndex",
     "Hit",
     "Match",
+    "PointCounts",
     "QueryMode",
     "Search",
     "Vector",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 BM25_VECTOR = "bm25"
+DENSE_VECTOR = ""  # the default, unnamed dense vector
 BM25_MODEL = "qdrant/bm25"
 SCROLL_PAGE = 1024
 DEFAULT_BM25_AVG_LEN = 256.0  # qdrant/bm25's and Edge's default
@@ -68,6 +71,21 @@ class Hit:
     id: str
     score: float
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PointCounts:
+    """How many of the points matching a filter hold each thing a search relies on: the dense
+    vector, the BM25 vector and the payload fields asked for (all of them)."""
+
+    points: int
+    dense: int
+    bm25: int
+    payload: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"points": self.points, "dense": self.dense, BM25_VECTOR: self.bm25,
+                "payload": self.payload}
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,14 @@ class EvidenceIndex(Protocol):
 
     def count(self, match: Match) -> int:
         """Exact number of points matching ``match`` (``{}``: all points)."""
+        ...
+
+    def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
+        """How many points match ``match``, how many of them hold the dense vector, the BM25
+        vector, and all of ``payload_fields`` (points less those lacking the field most often
+        missing). A damaged shard can lose one of these alone (issue 28); a lost payload store
+        shows in a field without a payload index (its indexes outlive it), such as
+        ``source_sha256``."""
         ...
 
     def scroll_ids(self, match: Match) -> list[str]:

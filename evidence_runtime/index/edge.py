@@ -20,6 +20,7 @@ from typing import Any, Self
 import qdrant_edge as qe
 
 from evidence_runtime.errors import (
+    DiskFullError,
     IndexError_,
     IndexLockedError,
     IndexMissingError,
@@ -27,11 +28,13 @@ from evidence_runtime.errors import (
 )
 from evidence_runtime.index.base import (
     BM25_VECTOR,
+    DENSE_VECTOR,
     SCROLL_PAGE,
     Bm25Settings,
     EvidenceIndex,
     Hit,
     Match,
+    PointCounts,
     ScrollPage,
     Search,
     as_floats,
@@ -49,6 +52,7 @@ __all__ = [
     "edge_open_error",
     "shard_exists",
     "shard_lock",
+    "shard_space",
 ]
 
 EDGE_CONFIG_FILE = "edge_config.json"
@@ -58,15 +62,19 @@ EDGE_CONFIG_FILE = "edge_config.json"
 DEFAULT_LOCK_WAIT_S = 5.0
 LOCK_POLL_S = 0.02
 _COPY_CHUNK = 1 << 20  # copy_sparse reads a data region in pieces of this size
+# Room an open needs beyond the shard's holes: the engine may start a write-ahead-log segment
+# (a 32 MiB sparse file it maps and writes into) when it loads the shard.
+OPEN_MARGIN_BYTES = 32 << 20
 
 
-def edge_filter(match: Match) -> qe.Filter | None:
-    """The Edge filter of ``match`` (None when it is empty)."""
-    must: list[qe.FieldCondition] = [
+def edge_filter(match: Match, *extra: Any) -> qe.Filter | None:
+    """The Edge filter of ``match`` and the ``extra`` conditions (None when both are empty)."""
+    must: list[Any] = [
         qe.FieldCondition(key=field, match=qe.MatchAny(value) if is_any else qe.MatchValue(value))
         for field, value, is_any in check_match(match)
     ]
-    return qe.Filter(must=must) if must else None  # pyright: ignore[reportArgumentType]
+    must.extend(extra)
+    return qe.Filter(must=must) if must else None
 
 
 def edge_open_error(exc: Exception, path: Path, *, waited: float = 0.0) -> IndexError_:
@@ -124,6 +132,36 @@ def shard_lock(path: Path, lock_wait_s: float = 0.0) -> int:
 def shard_exists(path: Path) -> bool:
     """Whether a shard was created at ``path`` (the engine writes its configuration file)."""
     return (path / EDGE_CONFIG_FILE).is_file()
+
+
+def shard_space(path: Path) -> tuple[int, int]:
+    """``(holes, free)``: the bytes of the shard's files at ``path`` that no disk block backs
+    yet (apparent size minus allocated size: Qdrant maps sparse files and writes into them),
+    and the bytes free on its filesystem for this user."""
+    holes = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue  # removed meanwhile
+            holes += max(st.st_size - st.st_blocks * 512, 0)
+    vfs = os.statvfs(path)
+    return holes, vfs.f_bavail * vfs.f_frsize
+
+
+def check_shard_space(path: Path, *, margin: int = OPEN_MARGIN_BYTES) -> None:
+    """:class:`DiskFullError` unless the filesystem of the shard at ``path`` has room for every
+    hole of its files (plus ``margin``): touching a hole with no space left raises SIGBUS, which
+    kills the whole process, the application that imported the runtime included."""
+    holes, free = shard_space(path)
+    if free < holes + margin:
+        mib = 1 << 20
+        raise DiskFullError(
+            f"the filesystem of the embedded index has {free / mib:.1f} MiB free, and the "
+            f"engine may need up to {(holes + margin) / mib:.1f} MiB (its files are sparse and "
+            "it writes into them); free some space, or move the index (index.path)",
+            path=str(path))
 
 
 def copy_sparse(src: str, dst: str) -> str:
@@ -194,6 +232,7 @@ class EdgeIndex(EvidenceIndex):
         bm25 = bm25_model(language)  # a bad language fails before any file is touched
         if not shard_exists(path):
             raise IndexMissingError("no embedded index at this path", path=str(path))
+        check_shard_space(path)  # before the engine maps anything: never a SIGBUS
         started = time.monotonic()
         fd = shard_lock(path, lock_wait_s)
         try:
@@ -239,6 +278,19 @@ class EdgeIndex(EvidenceIndex):
         shard = self._live()
         with self._engine("counting points"):
             return shard.count(qe.CountRequest(exact=True, filter=edge_filter(match)))
+
+    def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
+        shard = self._live()
+
+        def count(*extra: Any) -> int:
+            return shard.count(qe.CountRequest(exact=True, filter=edge_filter(match, *extra)))
+
+        with self._engine("counting points"):
+            points = count()
+            dense = count(qe.HasVectorCondition(DENSE_VECTOR))
+            sparse = count(qe.HasVectorCondition(BM25_VECTOR))
+            lacking = max((count(qe.IsEmptyCondition(f)) for f in payload_fields), default=0)
+        return PointCounts(points, dense, sparse, points - min(lacking, points))
 
     def _scroller(self, match: Match) -> ScrollPage:
         shard = self._live()

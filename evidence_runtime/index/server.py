@@ -10,18 +10,20 @@ publisher's writer (``evidence_pipeline.publishing.index_writer``) extends :clas
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from evidence_runtime.errors import ConfigError, IndexError_, IndexUnavailableError
 from evidence_runtime.index.base import (
     BM25_MODEL,
     BM25_VECTOR,
+    DENSE_VECTOR,
     SCROLL_PAGE,
     Bm25Settings,
     EvidenceIndex,
     Hit,
     Match,
+    PointCounts,
     ScrollPage,
     Search,
     as_floats,
@@ -93,7 +95,7 @@ class ServerIndex(EvidenceIndex):
                 raise IndexUnavailableError(f"{what}: {exc}", path=where) from exc
             raise
 
-    def _filter(self, match: Match) -> models.Filter | None:
+    def _filter(self, match: Match, *extra: Any) -> models.Filter | None:
         m = self._m
         must: list[Any] = [
             m.FieldCondition(
@@ -101,6 +103,7 @@ class ServerIndex(EvidenceIndex):
             )
             for field, value, is_any in check_match(match)
         ]
+        must.extend(extra)
         return m.Filter(must=must) if must else None
 
     def _query_vector(self, text: str, settings: Bm25Settings | None = None,
@@ -123,6 +126,21 @@ class ServerIndex(EvidenceIndex):
             return self.client.count(
                 self.collection, count_filter=self._filter(match), exact=True
             ).count
+
+    def point_counts(self, match: Match, *, payload_fields: Sequence[str] = ()) -> PointCounts:
+        m = self._m
+
+        def count(*extra: Any) -> int:
+            return self.client.count(self.collection, count_filter=self._filter(match, *extra),
+                                     exact=True).count
+
+        with self._engine("counting points"):
+            points = count()
+            dense = count(m.HasVectorCondition(has_vector=DENSE_VECTOR))
+            sparse = count(m.HasVectorCondition(has_vector=BM25_VECTOR))
+            lacking = max((count(m.IsEmptyCondition(is_empty=m.PayloadField(key=f)))
+                           for f in payload_fields), default=0)
+        return PointCounts(points, dense, sparse, points - min(lacking, points))
 
     def _scroller(self, match: Match) -> ScrollPage:
         flt = self._filter(match)
