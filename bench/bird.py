@@ -50,7 +50,10 @@ from _common import (
     tht,
 )
 
-BIRD = Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "bird-dev"
+# the public benchmark data beside the checkout (../shared), or where THT_BIRD_DIR says (a
+# worktree kept elsewhere)
+BIRD = Path(os.environ.get("THT_BIRD_DIR") or
+            Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "bird-dev")
 MODES = ("dense", "bm25", "fused")
 KS = (1, 5, 10)
 NOTICE = """# BIRD dev evidence (derived data)
