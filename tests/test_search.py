@@ -332,7 +332,8 @@ def test_dense_and_bm25_receive_the_same_query_text(
     call = index.calls[-1]
     assert embedder.queries[-1] == text  # dense
     assert call["text"] == text  # BM25
-    assert call["mode"] == "fused" and call["rrf_k"] == 5 and call["prefetch_limit"] == 50
+    assert call["mode"] == "fused" and call["prefetch_limit"] == 50
+    assert call["fusion"] == Fusion("adaptive", rrf_k=5, weights=(2.0, 1.0))
 
 
 def test_an_available_search_with_no_match_is_an_empty_receipt(
