@@ -221,26 +221,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cached", action="store_true", help="use the lists kept by a run")
     ap.add_argument("--holdout", action="store_true", help="dev: score the holdout instead")
     ap.add_argument("--baseline", default="main: Edge RRF k5 2:1")
+    ap.add_argument("--bm25-title", action="store_true",
+                    help="dev: a scratch shard whose BM25 text starts with the source note's "
+                         "title (dense vectors and payloads unchanged; issue 26 item 1)")
     ap.add_argument("--top", type=int, default=60)
     args = ap.parse_args(argv)
-    path = RESULTS / f"fusion-lists-{args.corpus}.json"
+    tag = f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
+    path = RESULTS / f"fusion-lists-{tag}.json"
     if not args.cached:
         import quality
 
-        rows = collect_corpus(args.corpus, quality)
+        rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title)
         path.write_text(json.dumps(rows), encoding="utf-8")
         log(f"[fusion] lists kept in {path}")
     rows = json.loads(path.read_text(encoding="utf-8"))
     if args.corpus == "dev":
         rows = [r for r in rows if r["split"] == ("holdout" if args.holdout else "dev")]
     rep = report(rows, args.corpus, args.baseline)
-    name = f"fusion-{args.corpus}{'-holdout' if args.holdout else ''}.json"
+    name = f"fusion-{tag}{'-holdout' if args.holdout else ''}.json"
     (RESULTS / name).write_text(json.dumps(rep, indent=1), encoding="utf-8")
     print(render(rep, args.top))
     return 0
 
 
-def collect_corpus(corpus: str, quality: Any) -> list[dict[str, Any]]:
+def note_title(ws: Path, source_file: str) -> str:
+    """The first line of a source note's text, without Markdown heading marks."""
+    for base in (ws, ws / "evidence", ws / "evidence" / "source"):
+        path = base / source_file
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    return line.strip().lstrip("#").strip()
+    raise SystemExit(f"source note not found: {source_file}")
+
+
+def bm25_title_index(searcher: Any, ws: Path, path: Path) -> Any:
+    """A scratch Edge shard with the published points, each fragment's BM25 text prefixed
+    with its source note's title; dense vectors and payloads as published."""
+    import qdrant_edge as qe
+
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.search import generation_bm25
+
+    state = searcher.resolve_generation()
+    gen = state[0]
+    shard = searcher.index()._live()
+    records: list[Any] = []
+    offset = None
+    while True:
+        page, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=1024,
+                                                     with_payload=True, with_vector=True))
+        records.extend(page)
+        if offset is None:
+            break
+    points = []
+    for r in records:
+        payload = dict(r.payload)
+        vector = r.vector if not isinstance(r.vector, dict) else r.vector[""]
+        title = note_title(ws, str(payload["source_file"]))
+        points.append(IndexPoint(id=str(r.id), dense=list(vector),
+                                 text=f"{title}\n{payload['text']}", payload=payload))
+    index = EdgeIndexWriter.open(path, language=searcher.language)
+    index.ensure_schema(dense_dim=len(points[0].dense))
+    index.upsert(points, bm25=generation_bm25(gen, searcher.language))
+    log(f"[fusion] scratch shard: {len(points)} fragments, BM25 text with the note's title")
+    return index
+
+
+def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False
+                   ) -> list[dict[str, Any]]:
     import bird
 
     from evidence_runtime.embeddings import make_embedder
@@ -254,6 +303,13 @@ def collect_corpus(corpus: str, quality: Any) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="fusion-demo-") as tmp:
             ws, _ = quality.publish_demo(Path(tmp))
             searcher, built = open_searcher(ws, Variant(), embedder, Path(tmp) / "v")
+            if bm25_title:
+                from evidence_runtime.search import EvidenceSearcher
+
+                idx = bm25_title_index(searcher, ws, Path(tmp) / "scratch")
+                searcher.close()
+                searcher, built = EvidenceSearcher.for_workspace(
+                    ws, embedder=embedder, index=idx), {"bm25_title": True}
             try:
                 ranker = quality.Ranker(searcher)
                 cases = quality.dev_cases(load_devset())
