@@ -50,7 +50,10 @@ from _common import (
     tht,
 )
 
-BIRD = Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "bird-dev"
+# the public benchmark data beside the checkout (../shared), or where THT_BIRD_DIR says (a
+# worktree kept elsewhere)
+BIRD = Path(os.environ.get("THT_BIRD_DIR") or
+            Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "bird-dev")
 MODES = ("dense", "bm25", "fused")
 KS = (1, 5, 10)
 NOTICE = """# BIRD dev evidence (derived data)
@@ -260,13 +263,33 @@ class MemoQueryEmbedder:
     dense and fused modes and both engines get the same vector, and search timings below are
     the search proper. Passages go straight through."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, store: Path | None = None) -> None:
         self.inner = inner
         self.model_id, self.dim, self.max_chunk_chars = inner.model_id, inner.dim, \
             inner.max_chunk_chars
         self._memo: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
         self.embed_seconds: list[float] = []
+        # ``store``: an .npz kept between runs (the query vectors of one model; the same text
+        # always gives the same vector), read now and written by save()
+        self.store = store
+        self._stored = 0
+        if store is not None and store.is_file():
+            with np.load(store, allow_pickle=False) as data:
+                if str(data["model"]) == self.model_id:
+                    self._memo = dict(zip(data["texts"].tolist(), data["vectors"], strict=True))
+            self._stored = len(self._memo)
+
+    def save(self) -> None:
+        """Write the query vectors to ``store`` when new ones were embedded."""
+        if self.store is None or len(self._memo) == self._stored:
+            return
+        texts = list(self._memo)
+        tmp = self.store.with_suffix(".tmp.npz")
+        np.savez(tmp, model=np.array(self.model_id), texts=np.array(texts),
+                 vectors=np.stack([self._memo[t] for t in texts]))
+        tmp.replace(self.store)
+        self._stored = len(texts)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         return self.inner.embed_passages(texts)

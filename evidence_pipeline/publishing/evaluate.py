@@ -161,8 +161,14 @@ class EvaluationSummary(_Record):
 class SearchConfig(_Record):
     """The search settings the report was measured with."""
 
+    fusion: str = "rrf"  # rrf | convex | dbsf | adaptive (index.fusion)
     rrf_k: int
     rrf_weights: tuple[float, float] | None = None  # (dense, BM25); None: equal weights
+    # convex / adaptive: the dense branch's share (adaptive: when BM25 matches strongly), its
+    # share when BM25 matches weakly, and the BM25 strengths in between (docs/search.md)
+    dense_weight: float | None = None
+    weak_dense_weight: float | None = None
+    bm25_strength: tuple[float, float] | None = None
     prefetch_limit: int
     embedder: str
     bm25_language: str
@@ -328,7 +334,14 @@ def evaluate(searcher: EvidenceSearcher, evalset: EvaluationSet, *, unit_kinds: 
         empty_queries=tuple(empty))
     assert gen_number is not None and revision is not None
     gen = searcher.registry.get_generation(searcher.workspace_id, gen_number)
-    config = SearchConfig(rrf_k=searcher.rrf_k, rrf_weights=searcher.rrf_weights,
+    fusion = searcher.fusion
+    blended = fusion.method in ("convex", "adaptive")
+    adaptive = fusion.method == "adaptive"
+    config = SearchConfig(fusion=fusion.method, rrf_k=searcher.rrf_k,
+                          rrf_weights=searcher.rrf_weights,
+                          dense_weight=fusion.dense_weight if blended else None,
+                          weak_dense_weight=fusion.weak_dense_weight if adaptive else None,
+                          bm25_strength=fusion.bm25_strength if adaptive else None,
                           prefetch_limit=searcher.prefetch_limit,
                           embedder=searcher.embedder.model_id, bm25_language=searcher.language,
                           bm25=generation_bm25(gen, searcher.language).as_dict()

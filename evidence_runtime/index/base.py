@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, cast, runtime_checkable
 
 import numpy.typing as npt
 import qdrant_edge as qe
 
 from evidence_runtime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from evidence_runtime.index.fusion import Fusion
 
 __all__ = [
     "BM25_MODEL",
@@ -51,9 +54,11 @@ DENSE_VECTOR = ""  # the default, unnamed dense vector
 BM25_MODEL = "qdrant/bm25"
 SCROLL_PAGE = 1024
 DEFAULT_BM25_AVG_LEN = 256.0  # qdrant/bm25's and Edge's default
-# The search's fusion defaults, chosen by measurement on the Italian dev set and BIRD (issue
-# 16, bench/README.md): RRF k=5 and the dense branch weighted twice BM25. thoth.yaml's index
-# section overrides them; EvidenceIndex.query itself stays plain RRF (k=60, equal weights).
+# RRF's settings of the search, chosen by measurement on the Italian dev set and BIRD (issue
+# 16, bench/README.md): k=5 and the dense branch weighted twice BM25. They apply when
+# index.fusion is rrf (the default fusion is adaptive: evidence_runtime.index.fusion).
+# thoth.yaml's index section overrides them; EvidenceIndex.query itself stays plain RRF
+# (k=60, equal weights) unless given a Fusion.
 DEFAULT_RRF_K = 5
 DEFAULT_RRF_WEIGHTS = (2.0, 1.0)
 
@@ -134,16 +139,14 @@ def _stopword_language(language: str) -> qe.Language | None:
 
 @dataclass(frozen=True)
 class Search:
-    """The checked arguments of one :meth:`EvidenceIndex.query`, as an engine receives them."""
+    """One branch's checked query (dense or BM25), as an engine receives it: a fused search is
+    two of them, fused by :mod:`evidence_runtime.index.fusion`."""
 
-    mode: QueryMode
+    mode: Literal["dense", "bm25"]
     dense: Vector | None
     text: str | None
     match: Match
     limit: int
-    prefetch_limit: int
-    rrf_k: int
-    weights: Weights | None
     bm25: Bm25Settings | None
 
 
@@ -198,24 +201,35 @@ class EvidenceIndex(Protocol):
         rrf_k: int = 60,
         weights: Weights | None = None,
         bm25: Bm25Settings | None = None,
+        fusion: Fusion | None = None,
     ) -> list[Hit]:
         """Search Evidence fragments.
 
-        ``fused``: a dense prefetch on the default vector and a BM25 prefetch from ``text``, both
-        filtered by ``match``, fused by RRF with constant ``rrf_k`` and the per-branch
-        ``weights`` (dense, BM25; None: equal); ``dense`` / ``bm25``: one branch alone
-        (diagnostics). ``bm25``: the tokenizer settings of the generation searched (None: the
-        index language's defaults). Hits come best first, ties broken by id.
+        ``fused``: a dense query on the default vector and a BM25 query from ``text``, both
+        filtered by ``match`` and cut at ``prefetch_limit``, fused by ``fusion`` (None: plain
+        RRF with constant ``rrf_k`` and the per-branch ``weights``, dense and BM25, None
+        equal), computed by :func:`~evidence_runtime.index.fusion.fuse` the same way on both
+        engines; ``dense`` / ``bm25``: one branch alone. ``bm25``: the tokenizer settings of
+        the generation searched (None: the index language's defaults). Hits come best first,
+        ties broken by id.
         """
+        from evidence_runtime.index.fusion import Fusion, fuse
+
         check_query_args(mode, dense, text, limit, weights)
-        return sorted_hits(self._search(Search(mode, dense, text, match, limit, prefetch_limit,
-                                               rrf_k, weights, bm25)))
+        if mode != "fused":
+            return sorted_hits(self._search(Search(mode, dense, text, match, limit, bm25)))
+        assert text is not None
+        fusion = fusion or Fusion("rrf", rrf_k=rrf_k, weights=weights)
+        if prefetch_limit < 1:
+            raise ValueError("prefetch_limit must be at least 1")
+        dense_hits = self._search(Search("dense", dense, None, match, prefetch_limit, bm25))
+        bm25_hits = self._search(Search("bm25", None, text, match, prefetch_limit, bm25))
+        terms = self._query_terms(text, bm25) if fusion.method == "adaptive" else 0
+        return fuse(dense_hits, bm25_hits, fusion, limit=limit, terms=terms)
 
     def dense_search(self, vector: Vector, *, match: Match, limit: int) -> list[Hit]:
         """Plain dense search on the default vector over any records (Schema/Memory included)."""
-        return sorted_hits(self._search(Search("dense", vector, None, match, limit,
-                                                prefetch_limit=0, rrf_k=0, weights=None,
-                                                bm25=None)))
+        return sorted_hits(self._search(Search("dense", vector, None, match, limit, None)))
 
     def close(self) -> None:
         """Release the engine (Edge: drop the shard lock). Idempotent."""
@@ -236,7 +250,11 @@ class EvidenceIndex(Protocol):
         ...
 
     def _search(self, search: Search) -> list[Hit]:
-        """The hits of one checked query, in any order."""
+        """The hits of one checked branch query, in any order."""
+        ...
+
+    def _query_terms(self, text: str, bm25: Bm25Settings | None) -> int:
+        """How many BM25 terms the query ``text`` has, tokenized with ``bm25``."""
         ...
 
 

@@ -314,7 +314,7 @@ class EdgeIndex(EvidenceIndex):
                 limit=limit, query=qe.Query.Nearest(as_floats(dense)), filter=flt,
                 with_payload=True,
             )
-        elif search.mode == "bm25":
+        else:
             assert text is not None
             request = qe.QueryRequest(
                 limit=limit,
@@ -322,27 +322,11 @@ class EdgeIndex(EvidenceIndex):
                 filter=flt,
                 with_payload=True,
             )
-        else:
-            assert dense is not None and text is not None
-            weights = list(search.weights) if search.weights is not None else None
-            request = qe.QueryRequest(
-                limit=limit,
-                prefetches=[
-                    qe.Prefetch(limit=search.prefetch_limit,
-                                query=qe.Query.Nearest(as_floats(dense)), filter=flt),
-                    qe.Prefetch(
-                        limit=search.prefetch_limit,
-                        query=qe.Query.Nearest(tokens.embed_query(text), using=BM25_VECTOR),
-                        filter=flt,
-                    ),
-                ],
-                # the stubs leave Fusion.Rrf out of the query union; the engine takes it
-                query=qe.Fusion.Rrf(  # pyright: ignore[reportArgumentType]
-                    k=search.rrf_k, weights=weights),
-                with_payload=True,
-            )
         with self._engine("searching"):
             return _hits(shard.query(request))
+
+    def _query_terms(self, text: str, bm25: Bm25Settings | None) -> int:
+        return len(cached_bm25(self._bm25_models, self._bm25, bm25).embed_query(text).indices)
 
     def copy_to(self, dest: Path | str) -> None:
         """Copy the shard's files to ``dest`` (a new directory) while this process holds the

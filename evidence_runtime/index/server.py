@@ -116,6 +116,10 @@ class ServerIndex(EvidenceIndex):
         sv = cached_bm25(self._bm25_models, self._bm25, settings).embed_query(text)
         return self._m.SparseVector(indices=sv.indices, values=sv.values)
 
+    def _query_terms(self, text: str, bm25: Bm25Settings | None) -> int:
+        """Counted with Edge's embedder (the same tokens as the server's ``qdrant/bm25``)."""
+        return len(cached_bm25(self._bm25_models, self._bm25, bm25).embed_query(text).indices)
+
     def exists(self) -> bool:
         """Whether the collection exists (:class:`IndexUnavailableError` when unreachable)."""
         with self._engine("opening the collection"):
@@ -153,32 +157,16 @@ class ServerIndex(EvidenceIndex):
         return page
 
     def _search(self, search: Search) -> list[Hit]:
-        m = self._m
         flt = self._filter(search.match)
         dense, text, bm25 = search.dense, search.text, search.bm25
         kwargs: dict[str, Any]
         if search.mode == "dense":
             assert dense is not None
             kwargs = {"query": as_floats(dense), "query_filter": flt}
-        elif search.mode == "bm25":
+        else:
             assert text is not None
             kwargs = {"query": self._query_vector(text, bm25), "using": BM25_VECTOR,
                       "query_filter": flt}
-        else:
-            assert dense is not None and text is not None
-            weights = list(search.weights) if search.weights is not None else None
-            kwargs = {
-                "prefetch": [
-                    m.Prefetch(query=as_floats(dense), filter=flt, limit=search.prefetch_limit),
-                    m.Prefetch(
-                        query=self._query_vector(text, bm25),
-                        using=BM25_VECTOR,
-                        filter=flt,
-                        limit=search.prefetch_limit,
-                    ),
-                ],
-                "query": m.RrfQuery(rrf=m.Rrf(k=search.rrf_k, weights=weights)),
-            }
         with self._engine("searching"):
             points = self.client.query_points(
                 self.collection, limit=search.limit, with_payload=True, **kwargs

