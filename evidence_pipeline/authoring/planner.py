@@ -336,6 +336,9 @@ class BatchPlanner:
             new = dump_curated(doc).encode("utf-8")
             if new != old:
                 batch.writes[target] = new
+                origin = _source_of(doc)
+                if origin is not None:
+                    batch.origins[target] = origin
                 diff_parts.append(_diff(target, old, new))
         manifest_rel = f"{self.ev}/{MANIFEST_NAME}"
         mpath = self.ws.root / manifest_rel
@@ -350,6 +353,14 @@ class BatchPlanner:
                 batch.writes[manifest_rel] = new_m
                 diff_parts.append(_diff(manifest_rel, old_m, new_m))
         return batch, "".join(diff_parts)
+
+
+def _source_of(doc: CuratedDocument) -> str | None:
+    """The source file a curated document names in its provenance, if it names one."""
+    front: Any = doc.front
+    prov = front.get("provenance") if isinstance(front, dict) else None
+    source = prov.get("source_file") if isinstance(prov, dict) else None  # type: ignore[union-attr]
+    return source if isinstance(source, str) else None
 
 
 def _flag_atomic_too_large(unit: UnitBase, full: dict[str, Any], body: str,

@@ -34,7 +34,7 @@ from evidence_pipeline.authoring.planner import (
     SourceReport,
 )
 from evidence_pipeline.authoring.relink import bring_orphans_home, with_orphan_origins
-from evidence_pipeline.authoring.session import AuthoringSession, ExistingUnit
+from evidence_pipeline.authoring.session import AuthoringSession, BatchInvalidError, ExistingUnit
 from evidence_pipeline.authoring.sources import (
     Change,
     SourceChange,
@@ -262,7 +262,12 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
                       stop_at_model_failure=stop_at_model_failure,
                       model_progress=model_progress)
     batch, diff = planner.batch()
-    plan.session.apply(batch)
+    try:
+        plan.session.apply(batch)
+    except BatchInvalidError as exc:  # a file validate would refuse: the source is named
+        raise PrepareError(f"prepare refused: {len(exc.problems)} problem(s); the work tree "
+                           "was not changed", exc.problems, model_calls=planner.model_calls,
+                           code=exc.code) from None
     remember_written(plan, planner, batch)
     new_manifest = planner.manifest
     return PrepareResult(
