@@ -166,3 +166,114 @@ def test_commands_configured_in_the_repository_never_run(
     # validate finds the one-query evaluation set too small (a finding, exit 1); the rest ran
     assert [code for _, code, _ in runs] == [1, 0, 0, 0], runs
     assert dirty_paths(ws) == []
+
+
+# --------------------------------------------------------------------------- 8: unseen text
+
+
+def prepared(tmp_path: Path, files: dict[str, str]) -> tuple[Path, dict[str, Any]]:
+    """A workspace with ``files`` under evidence/, prepared (structural) and committed; the
+    ``prepare --json`` document."""
+    ws = new_workspace(tmp_path / "ws", files)
+    code, doc = tht_json("evidence", "prepare", str(ws), "--backend", "structural")
+    assert code == 0, doc
+    commit(ws, "prepared")
+    return ws, doc
+
+
+def front(ws: Path, rel: str) -> dict[str, Any]:
+    from evidence_runtime.curated import read_curated
+
+    return read_curated(ws / "evidence" / rel).data()
+
+
+def review_items(ws: Path, rel: str, code: str) -> list[dict[str, Any]]:
+    return [i for i in front(ws, rel)["review_items"] if i["code"] == code]
+
+
+def test_invisible_characters_from_a_note_become_review_items(tmp_path: Path) -> None:
+    note = ("# Fascia\u200b pediatrica\n\nPer fascia pediatrica si intendono i pazienti con età "
+            "inferiore a 18 anni\u202e.\n")
+    ws, _ = prepared(tmp_path, {"source/fascia.md": note})
+    [unit] = [p.relative_to(ws / "evidence").as_posix()
+              for p in (ws / "evidence" / "curated").rglob("*.md")]
+    items = review_items(ws, unit, "invisible_characters")
+    by_field = {i["field"]: i["message"] for i in items}
+    assert "U+200B ZERO WIDTH SPACE" in by_field["title"]
+    assert any("U+202E RIGHT-TO-LEFT OVERRIDE" in m for f, m in by_field.items()
+               if f != "title"), by_field
+    code, report = tht_json("evidence", "validate", str(ws))
+    assert code == 1 and report["status"] == "blocked", report  # review items block
+
+
+def test_invisible_characters_edited_into_a_unit_are_flagged_by_validate(
+        tmp_path: Path) -> None:
+    ws, _ = prepared(tmp_path, {"source/paziente.md": NOTE})
+    file = next((ws / "evidence" / "curated").rglob("paziente.md"))
+    text = file.read_text(encoding="utf-8")
+    assert "title: Paziente\n" in text
+    file.write_text(text.replace("title: Paziente\n", "title: \"Pazi\\u2066ente\\u2069\"\n"),
+                    encoding="utf-8")
+    commit(ws, "hand edit")
+    code, report = tht_json("evidence", "validate", str(ws))
+    assert code == 1 and report["status"] == "blocked", report
+    [p] = [p for p in report["problems"] if p["code"] == "invisible_characters"]
+    assert (p["severity"], p["field"], p["evidence_id"]) == ("review", "title",
+                                                             "evidence:paziente")
+    assert "U+2066 LEFT-TO-RIGHT ISOLATE" in p["message"]
+    assert "U+2069 POP DIRECTIONAL ISOLATE" in p["message"]
+
+
+def test_a_title_with_a_look_alike_letter_of_another_script_is_flagged(tmp_path: Path) -> None:
+    note = ("# Fascia pedi\u0430trica\n\nPer fascia pediatrica si intendono i pazienti con età "
+            "inferiore a 18 anni.\n")
+    ws, _ = prepared(tmp_path, {"source/fascia.md": note})
+    [unit] = [p.relative_to(ws / "evidence").as_posix()
+              for p in (ws / "evidence" / "curated").rglob("*.md")]
+    [item] = review_items(ws, unit, "mixed_script_title")
+    assert item["field"] == "title"
+    assert "U+0430 CYRILLIC SMALL LETTER A in 'pediаtrica'" in item["message"]
+
+
+def test_a_title_in_one_script_or_with_a_greek_word_is_not_flagged(tmp_path: Path) -> None:
+    note = ("# Terapia con β-bloccanti e α1-antitripsina\n\nI β-bloccanti sono codificati in "
+            "clinical.therapy.atc_code.\n")
+    ws, _ = prepared(tmp_path, {"source/terapia.md": note})
+    [unit] = [p.relative_to(ws / "evidence").as_posix()
+              for p in (ws / "evidence" / "curated").rglob("*.md")]
+    assert review_items(ws, unit, "mixed_script_title") == []
+    assert review_items(ws, unit, "invisible_characters") == []
+
+
+def test_hidden_notes_are_skipped_with_a_word(tmp_path: Path) -> None:
+    ws = new_workspace(tmp_path / "ws", {"source/paziente.md": NOTE,
+                                         "source/.hidden.md": NOTE.replace("Paziente", "Ombra"),
+                                         "source/..md": NOTE.replace("Paziente", "Punti"),
+                                         "source/.bozze/nota.md": NOTE})
+    code, doc = tht_json("evidence", "prepare", str(ws), "--backend", "structural")
+    assert code == 0, doc
+    assert [s["path"] for s in doc["sources"]] == ["source/paziente.md"]
+    notices = {(n["code"], n["path"]) for n in doc["notices"]}
+    assert notices == {("source_hidden", "evidence/source/..md"),
+                       ("source_hidden", "evidence/source/.hidden.md"),
+                       ("source_hidden", "evidence/source/.bozze/")}, doc["notices"]
+    git(ws, "checkout", "-q", ".")
+    git(ws, "clean", "-fdq", "evidence/curated", "evidence/manifest.yaml")
+    r = tht("evidence", "prepare", str(ws), "--backend", "structural", "--no-diff")
+    assert r.exit_code == 0, r.output
+    assert "info: evidence/source/.hidden.md: hidden" in r.stdout
+    assert "info: evidence/source/..md: hidden" in r.stdout
+
+
+@pytest.mark.parametrize("value", ["true", "1.0", "'1'", "01.0"])
+def test_schema_version_is_only_the_integer_1(tmp_path: Path, value: str) -> None:
+    ws, _ = prepared(tmp_path, {"source/paziente.md": NOTE})
+    file = next((ws / "evidence" / "curated").rglob("paziente.md"))
+    text = file.read_text(encoding="utf-8")
+    file.write_text(text.replace("schema_version: 1\n", f"schema_version: {value}\n", 1),
+                    encoding="utf-8")
+    commit(ws, "hand edit")
+    code, report = tht_json("evidence", "validate", str(ws))
+    assert code == 1 and report["status"] == "invalid", report
+    [p] = [p for p in report["problems"] if p["field"] == "schema_version"]
+    assert p["severity"] == "error" and p["evidence_id"] == "evidence:paziente", p
