@@ -277,3 +277,116 @@ def test_schema_version_is_only_the_integer_1(tmp_path: Path, value: str) -> Non
     assert code == 1 and report["status"] == "invalid", report
     [p] = [p for p in report["problems"] if p["field"] == "schema_version"]
     assert p["severity"] == "error" and p["evidence_id"] == "evidence:paziente", p
+
+
+# --------------------------------------------------------------------------- 6: outcomes
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Path:
+    """A one-note workspace, prepared, committed, activated and published."""
+    ws = new_workspace(tmp_path / "ws", {"source/paziente.md": NOTE})
+    assert tht("evidence", "prepare", str(ws), "--backend", "structural").exit_code == 0
+    (ws / "evidence" / "evaluation.yaml").write_text(EVALUATION, encoding="utf-8")
+    commit(ws, "prepared")
+    assert tht("workspace", "activate", str(ws)).exit_code == 0
+    r = tht("workspace", "preprocess", "evidence", str(ws))
+    assert r.exit_code == 0, r.output
+    return ws
+
+
+def test_evaluate_with_a_read_only_state_directory_is_one_clear_error(published: Path) -> None:
+    from tests.test_hostile import unwritable
+
+    state = published / ".tht"
+    with unwritable(state):
+        r = tht("evidence", "evaluate", str(published), "--json")
+        plain = tht("evidence", "evaluate", str(published))
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    [p] = doc["problems"]
+    assert (doc["status"], p["code"], p["path"]) == ("error", "state_dir_unwritable", str(state))
+    assert plain.exit_code == 2 and str(state) in plain.stderr and plain.stdout == ""
+
+
+def set_config(ws: Path, extra: str) -> None:
+    (ws / "thoth.yaml").write_text("workspace_id: test\nlanguage: italian\n" + extra,
+                                   encoding="utf-8")
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ("index:\n  rrf_k: 1e30\n", "index.rrf_k"),
+    ("index:\n  rrf_k: 1000000000000\n", "index.rrf_k"),
+    ("index:\n  rrf_k: true\n", "index.rrf_k"),
+    ("index:\n  rrf_weights:\n    dense: .inf\n", "index.rrf_weights.dense"),
+    ("index:\n  rrf_weights:\n    bm25: .nan\n", "index.rrf_weights.bm25"),
+    ("index:\n  bm25_avg_len: 1e300\n", "index.bm25_avg_len"),
+    ("index:\n  prefetch_limit: 50.0\n", "index.prefetch_limit"),
+    ("publish:\n  retention: 1e9\n", "publish.retention"),
+    ("embeddings:\n  threads: 1e3\n", "embeddings.threads"),
+])
+def test_numeric_settings_out_of_range_are_refused_when_thoth_yaml_loads(
+        published: Path, extra: str, field: str) -> None:
+    set_config(published, extra)
+    code, doc = tht_json("evidence", "validate", str(published))
+    assert code == 2 and doc["status"] == "error", doc
+    [p] = doc["problems"]
+    assert p["code"] == "config_error" and p["field"].startswith(field), p
+    # and search says what DESIGN promises: an outcome, unavailable / not_configured
+    code, outcome = tht_json("evidence", "search", str(published), "fascia pediatrica",
+                             "--purpose", "sql_generation")
+    assert code == 1, outcome
+    assert (outcome["status"], outcome["code"]) == ("unavailable", "not_configured"), outcome
+    assert field.split(".")[-1] in outcome["message"] or "thoth.yaml" in outcome["message"]
+
+
+@pytest.mark.parametrize("path", ["..", "../ws/evidence", "sub/../../evidence"])
+def test_an_index_path_inside_the_work_tree_is_refused(published: Path, path: str) -> None:
+    set_config(published, f"index:\n  path: {path}\n")
+    code, doc = tht_json("workspace", "activate", str(published))
+    assert code == 2, doc
+    [p] = doc["problems"]
+    assert (p["code"], p["field"]) == ("config_error", "index.path"), p
+    assert "inside the work tree" in p["message"]
+
+
+def test_an_index_path_in_the_state_directory_or_outside_is_accepted(
+        published: Path, tmp_path: Path) -> None:
+    for path in ("other-index", str(tmp_path / "elsewhere")):
+        set_config(published, f"index:\n  path: {path}\n")
+        code, doc = tht_json("evidence", "validate", str(published))
+        assert code != 2 and doc.get("status") != "error", doc
+
+
+def test_search_with_a_broken_thoth_yaml_is_unavailable_like_the_library(
+        published: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import evidence_runtime
+
+    (published / "thoth.yaml").write_text("workspace_id: [unclosed\n", encoding="utf-8")
+    code, outcome = tht_json("evidence", "search", str(published), "fascia pediatrica",
+                             "--purpose", "sql_generation")
+    assert code == 1
+    assert (outcome["status"], outcome["code"]) == ("unavailable", "not_configured"), outcome
+    evidence_runtime.reset()
+    monkeypatch.setenv("THT_WORKSPACE", str(published))
+    try:
+        library = evidence_runtime.search("fascia pediatrica", "sql_generation")
+    finally:
+        evidence_runtime.reset()
+    assert (library.status, library.code) == (outcome["status"], outcome["code"])
+
+
+def test_a_lone_surrogate_is_bad_input_and_a_non_string_a_type_error(published: Path) -> None:
+    from evidence_runtime.query import InvalidQueryError
+    from evidence_runtime.search import EvidenceSearcher
+
+    with EvidenceSearcher.for_workspace(published) as searcher:
+        with pytest.raises(InvalidQueryError) as caught:
+            searcher.search("fascia \udc80 pediatrica", "sql_generation")
+        assert caught.value.code == "invalid_query" and "U+DC80" in caught.value.message
+        with pytest.raises(TypeError, match="must be a str, not int"):
+            searcher.search(42, "sql_generation")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="must be a str, not bytes"):
+            searcher.search(b"fascia", "sql_generation")  # type: ignore[arg-type]
+        outcome = searcher.search("fascia pediatrica", "sql_generation")  # still serves
+        assert outcome.status == "available"
