@@ -32,8 +32,8 @@ def tht(*args: str) -> Result:
     """``tht`` in process; a crash (any exception but a clean exit) fails the test."""
     result = CliRunner().invoke(main, list(args))
     if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError("tht crashed:\n" + "".join(traceback.format_exception(
-            *result.exc_info)))
+        raise AssertionError("tht crashed:\n" + "".join(
+            traceback.format_exception(result.exception)))
     assert "Traceback" not in result.output
     return result
 
