@@ -390,3 +390,17 @@ def test_a_lone_surrogate_is_bad_input_and_a_non_string_a_type_error(published: 
             searcher.search(b"fascia", "sql_generation")  # type: ignore[arg-type]
         outcome = searcher.search("fascia pediatrica", "sql_generation")  # still serves
         assert outcome.status == "available"
+
+
+def test_every_invisible_character_is_known() -> None:
+    """The character classes of validation/text.py hold every character of category Cf of
+    the running Python's Unicode tables, and nothing else."""
+    import sys
+    import unicodedata
+
+    from evidence_pipeline.validation.text import has_invisible, invisible_code_points
+
+    cf = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    assert all(has_invisible(f"a{ch}b") and invisible_code_points(f"a{ch}b") for ch in cf)
+    assert not any(has_invisible(f"a{chr(c)}b") for c in range(0x20, 0x3000)
+                   if unicodedata.category(chr(c)) != "Cf")

@@ -32,7 +32,7 @@ from evidence_pipeline.validation.credentials import (
 )
 from evidence_pipeline.validation.excerpts import excerpt_too_short, too_short_message
 from evidence_pipeline.validation.problems import Problem, Severity
-from evidence_pipeline.validation.text import text_findings
+from evidence_pipeline.validation.text import has_invisible, text_findings
 from evidence_runtime.curated import (
     validation_messages,
 )
@@ -233,6 +233,9 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
 def unit_text_findings(unit: UnitBase, body: str | None) -> list[tuple[str, str, str]]:
     """Invisible characters in any field or the body, a title mixing scripts
     (:func:`~evidence_pipeline.validation.text.text_findings`): (code, field, message)."""
+    # one scan of the unit's JSON first: the field walk only for a unit that needs it
+    if not has_invisible(unit.model_dump_json()) and not (body and has_invisible(body)):
+        return text_findings({"title": unit.title}, None)
     return text_findings(unit.model_dump(mode="json", exclude_defaults=True), body)
 
 

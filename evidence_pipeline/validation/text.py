@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "INVISIBLE_TEXT",
     "MIXED_SCRIPT_TITLE",
+    "has_invisible",
     "invisible_code_points",
     "mixed_script_letters",
     "scan_form",
@@ -36,6 +37,12 @@ _INVISIBLE = re.compile(
     "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
     "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
     "\U000e0020-\U000e007f]")
+# The same split in two for speed: a class with astral ranges makes ``re`` scan about ten times
+# slower, and astral characters are rare; the full class runs only where one is.
+_INVISIBLE_BMP = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 
 
@@ -44,13 +51,24 @@ def scan_form(text: str) -> str:
     ``ＰＧＰＡＳＳＷＯＲＤ`` is ``PGPASSWORD``); ASCII text is returned as it is."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", _INVISIBLE.sub("", text))
+    if has_invisible(text):
+        text = _INVISIBLE.sub("", text)
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
+def has_invisible(text: str) -> bool:
+    """Whether ``text`` holds an invisible character."""
+    if text.isascii():
+        return False
+    if _INVISIBLE_BMP.search(text) is not None:
+        return True
+    return _ASTRAL.search(text) is not None and _INVISIBLE.search(text) is not None
 
 
 def invisible_code_points(text: str) -> list[str]:
     """The invisible characters of ``text``, once each in order, as ``U+200B ZERO WIDTH
     SPACE``."""
-    if text.isascii():
+    if not has_invisible(text):
         return []
     found = dict.fromkeys(_INVISIBLE.findall(text))
     return [f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}" for ch in found]
