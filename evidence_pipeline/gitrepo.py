@@ -6,6 +6,7 @@ committed tree, never the work tree, so what is indexed is exactly what was revi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -102,8 +103,22 @@ def _driver_overrides(repo: git.Repo) -> list[tuple[str, str]]:
     return list(pairs)
 
 
-def _harden(repo: git.Repo) -> None:
-    """Make every git process of ``repo`` run with repository-configured commands disabled."""
+MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT; an older Git ignores it and would run the commands
+
+
+@functools.cache
+def _git_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in git.Git().version_info[:2])
+
+
+def _harden(repo: git.Repo, root: Path) -> None:
+    """Make every git process of ``repo`` run with repository-configured commands disabled;
+    :class:`GitError` with a Git too old to be told so."""
+    found = _git_version()
+    if found < MIN_GIT:
+        raise GitError(f"Git {'.'.join(map(str, MIN_GIT))} or newer is needed (found "
+                       f"{'.'.join(map(str, found))}): older versions cannot be kept from "
+                       "running commands the repository configures", path=str(root))
     repo.git.update_environment(**_SAFE_ENV, **_config_env(_SAFE_SETTINGS))
     drivers = _driver_overrides(repo)
     if drivers:
@@ -133,7 +148,11 @@ def open_repo(root: Path) -> git.Repo:
     if repo.bare:
         repo.close()
         raise GitError("a bare repository has no work tree", path=str(root))
-    _harden(repo)
+    try:
+        _harden(repo, root)
+    except BaseException:
+        repo.close()
+        raise
     return repo
 
 

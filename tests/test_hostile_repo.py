@@ -404,3 +404,15 @@ def test_every_invisible_character_is_known() -> None:
     assert all(has_invisible(f"a{ch}b") and invisible_code_points(f"a{ch}b") for ch in cf)
     assert not any(has_invisible(f"a{chr(c)}b") for c in range(0x20, 0x3000)
                    if unicodedata.category(chr(c)) != "Cf")
+
+
+def test_a_git_too_old_to_disable_repository_commands_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import evidence_pipeline.gitrepo as gitrepo
+
+    ws = new_workspace(tmp_path / "ws", {"source/paziente.md": NOTE})
+    monkeypatch.setattr(gitrepo, "_git_version", lambda: (2, 30))
+    code, doc = tht_json("workspace", "activate", str(ws))
+    assert code == 2, doc
+    [p] = doc["problems"]
+    assert p["code"] == "git_error" and "Git 2.31 or newer is needed (found 2.30)" in p["message"]
