@@ -180,6 +180,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
                     ("unchanged", "changed", "new", "renamed", "restored", "removed"))
         + f"; {result.model_calls} model call(s); {len(result.written)} file(s) written, "
           f"{len(result.deleted)} deleted; {result.review_items} review item(s)")
+    for notice in result.notices:
+        stdout.print(f"[dim]info: {escape(notice.path)}: {notice.message}[/]")
     if result.status == "unchanged":
         stdout.print("nothing to do: every source is unchanged")
     elif not no_diff:
