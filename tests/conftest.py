@@ -257,6 +257,7 @@ SLOWEST_FIRST = (
     "tests/test_maintenance_window.py",
     "tests/test_operations.py",
     "tests/test_evaluate.py",
+    "tests/test_hostile_repo.py",
     "tests/test_properties.py",
     "tests/test_ui_script.py",
     "tests/test_index.py",
