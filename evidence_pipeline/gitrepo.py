@@ -6,6 +6,7 @@ committed tree, never the work tree, so what is indexed is exactly what was revi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,8 +46,93 @@ class GitError(EvidenceError):
     code = ErrorCode.git_error
 
 
+# Settings every git process runs with, over whatever the repository (or a file it includes)
+# configures: nothing the repository names is ever executed (issue 28, item 5). Environment
+# configuration (GIT_CONFIG_COUNT, Git >= 2.31) wins over every configuration file.
+_SAFE_SETTINGS = (
+    ("core.fsmonitor", "false"),  # a command Git runs on status/diff/ls-files
+    ("core.hooksPath", os.devnull),  # no hook
+    ("core.pager", "cat"),  # diff.external is never run: the one diff is --no-ext-diff
+    ("core.sshCommand", "false"),  # no transport is ever used; none may run
+    ("core.askPass", ""),
+    ("protocol.allow", "never"),
+)
+# Settings whose name holds a driver the repository names (``filter.<driver>.process``): each one
+# the configuration defines is overridden with an empty command, which Git does not run.
+_DRIVER_KEYS = {
+    "filter": {"clean": "", "smudge": "", "process": "", "required": "false"},
+    "diff": {"textconv": "", "command": ""},
+    "merge": {"driver": ""},
+}
+_SAFE_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+    "GIT_EDITOR": "false",
+    "GIT_PROTOCOL_FROM_USER": "0",
+}
+
+
+def _config_env(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``GIT_CONFIG_COUNT``/``_KEY_n``/``_VALUE_n`` for ``pairs``, after any the caller set."""
+    try:
+        start = int(os.environ.get("GIT_CONFIG_COUNT", "0"))
+    except ValueError:
+        start = 0
+    env = {"GIT_CONFIG_COUNT": str(start + len(pairs))}
+    for i, (key, value) in enumerate(pairs, start):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+def _driver_overrides(repo: git.Repo) -> list[tuple[str, str]]:
+    """An empty command for every filter, diff or merge driver the configuration defines
+    (includes followed), read with the safe settings already in force."""
+    try:
+        out = repo.git.execute(["git", "config", "--list", "-z", "--name-only"],
+                               strip_newline_in_stdout=False)
+    except git.GitCommandError:
+        return []
+    pairs: dict[tuple[str, str], None] = {}
+    for name in str(out).split("\0"):
+        section, _, rest = name.partition(".")
+        driver, _, _ = rest.rpartition(".")
+        keys = _DRIVER_KEYS.get(section.lower())
+        if keys is None or not driver:
+            continue
+        for key, value in keys.items():
+            pairs[(f"{section}.{driver}.{key}", value)] = None
+    return list(pairs)
+
+
+MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT; an older Git ignores it and would run the commands
+
+
+@functools.cache
+def _git_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in git.Git().version_info[:2])
+
+
+def _harden(repo: git.Repo, root: Path) -> None:
+    """Make every git process of ``repo`` run with repository-configured commands disabled;
+    :class:`GitError` with a Git too old to be told so."""
+    found = _git_version()
+    if found < MIN_GIT:
+        raise GitError(f"Git {'.'.join(map(str, MIN_GIT))} or newer is needed (found "
+                       f"{'.'.join(map(str, found))}): older versions cannot be kept from "
+                       "running commands the repository configures", path=str(root))
+    repo.git.update_environment(**_SAFE_ENV, **_config_env(_SAFE_SETTINGS))
+    drivers = _driver_overrides(repo)
+    if drivers:
+        repo.git.update_environment(**_config_env([*_SAFE_SETTINGS, *drivers]))
+
+
 def open_repo(root: Path) -> git.Repo:
-    """The repository whose work tree top is ``root``; use it as a context manager to close it."""
+    """The repository whose work tree top is ``root``; use it as a context manager to close it.
+
+    Its git processes never run a command the repository configures (fsmonitor, hooks, filter,
+    textconv, diff and merge drivers, pagers, editors, transports): see :data:`_SAFE_SETTINGS`.
+    """
     root = Path(root)
     if not root.is_dir():
         raise GitError("workspace directory does not exist", path=str(root))
@@ -64,6 +150,11 @@ def open_repo(root: Path) -> git.Repo:
     if repo.bare:
         repo.close()
         raise GitError("a bare repository has no work tree", path=str(root))
+    try:
+        _harden(repo, root)
+    except BaseException:
+        repo.close()
+        raise
     return repo
 
 
@@ -353,6 +444,7 @@ def changed_files(
     old_sha = resolve_revision(root, old_rev)
     new_sha = resolve_revision(root, new_rev)
     out = _git_z(root, "compare revisions", "diff", "--name-only", "-z", "--no-renames",
+                 "--no-ext-diff", "--no-textconv",
                  old_sha, new_sha, under=under)
     return sorted({p for p in out if p})
 

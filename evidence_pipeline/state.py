@@ -9,6 +9,7 @@ and ``prepare --upgrade`` would refuse.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from evidence_runtime.errors import ErrorCode, EvidenceError
@@ -36,6 +37,22 @@ def ensure_state_dir(path: Path) -> None:
             tmp = path / f".gitignore.{os.getpid()}.tmp"
             tmp.write_text(GITIGNORE, encoding="utf-8")
             os.replace(tmp, ignore)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise EvidenceError(f"cannot write the local state directory ({why}); make it a "
+                            "writable directory, or set THT_STATE_DIR", path=str(path),
+                            code=ErrorCode.state_dir_unwritable) from None
+
+
+def require_writable_state_dir(path: Path) -> None:
+    """:func:`ensure_state_dir`, then prove a file can be created in it (a read-only ``.tht/``
+    exists and looks fine until something is written there): ``state_dir_unwritable`` naming
+    it otherwise, before any work starts."""
+    ensure_state_dir(path)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise EvidenceError(f"cannot write the local state directory ({why}); make it a "

@@ -91,9 +91,16 @@ def read_curated(file: Path, *, display_path: str | None = None) -> CuratedDocum
         raw = file.read_bytes()
     except OSError as exc:
         raise UnitFormatError(f"cannot read file: {exc.strerror}", path=shown) from None
+    return parse_curated(curated_text(raw, path=shown), path=shown)
+
+
+def curated_text(raw: bytes, *, path: str | None = None) -> str:
+    """The text of a curated file's bytes: at most :data:`MAX_CURATED_BYTES`, strict UTF-8
+    (:func:`decode_text`); :class:`UnitFormatError` otherwise. The byte rules of a curated file,
+    which validate applies on reading and authoring applies to a batch before writing it."""
     if len(raw) > MAX_CURATED_BYTES:
-        raise UnitFormatError(f"file is larger than {MAX_CURATED_BYTES} bytes", path=shown)
-    return parse_curated(decode_text(raw, path=shown), path=shown)
+        raise UnitFormatError(f"file is larger than {MAX_CURATED_BYTES} bytes", path=path)
+    return decode_text(raw, path=path)
 
 
 def validation_messages(exc: ValidationError) -> list[tuple[str, str]]:

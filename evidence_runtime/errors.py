@@ -69,6 +69,7 @@ class ErrorCode(StrEnum):
     model_unknown_id = "model_unknown_id"
     prepare_failed = "prepare_failed"
     apply_failed = "apply_failed"
+    batch_invalid = "batch_invalid"
     recovery_conflict = "recovery_conflict"
     interrupted_apply_recovered = "interrupted_apply_recovered"
     resolve_failed = "resolve_failed"

@@ -72,13 +72,28 @@ def context_values(values: tuple[str, ...] | list[str]) -> list[str]:
     return sorted({v for v in (_clean(x) for x in values) if v})
 
 
+def _require_text(text: str) -> None:
+    """:class:`InvalidQueryError` for a string that is not text: a lone surrogate (half of a
+    UTF-16 pair, from a broken decoder) cannot be encoded, embedded nor matched."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InvalidQueryError(f"the question or its context holds a lone surrogate "
+                                f"(U+{ord(bad):04X}) at character {exc.start + 1}: not text; "
+                                "decode the input correctly") from None
+
+
 def render_query(question: str, context: EvidenceSearchContext | None = None) -> str:
     """Render ``Domanda / Concetti / Tabelle / Colonne`` exactly as spec §9.6 prescribes.
 
     The question keeps case, punctuation and inner spacing; only NFC, CR/LF → LF and outer
     whitespace are touched. Context values are deduplicated and sorted without case folding.
     """
+    if not isinstance(question, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"the question must be a str, not {type(question).__name__}")
     q = _clean(question)
+    _require_text(q)
     if not q:
         raise EmptyQueryError("the question is empty")
     if len(q) > MAX_QUERY_CHARS:  # before the context is rendered: a huge question costs nothing
@@ -91,6 +106,7 @@ def render_query(question: str, context: EvidenceSearchContext | None = None) ->
             if values:
                 lines.append(f"{label}: {', '.join(values)}")
     text = "\n".join(lines)
+    _require_text(text)
     if len(text) > MAX_QUERY_CHARS:
         raise InvalidQueryError(f"the question and its context are {len(text)} characters long "
                                 f"once rendered; a search takes at most {MAX_QUERY_CHARS}")

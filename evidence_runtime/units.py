@@ -354,6 +354,14 @@ class UnitBase(BaseModel):
     provenance: Provenance
     review_items: list[ReviewItem] = Field(default_factory=list[ReviewItem])
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _schema_version(cls, v: object) -> object:
+        # Literal[1] alone takes True and 1.0 (both == 1): only the integer 1 is this schema
+        if type(v) is not int:
+            raise ValueError(f"must be the integer {SCHEMA_VERSION}, not {v!r}")
+        return v
+
     @field_validator("language")
     @classmethod
     def _language(cls, v: str) -> str:

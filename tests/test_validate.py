@@ -202,7 +202,6 @@ def test_missing_workspace_is_one_clear_line(tmp_path: Path) -> None:
     ["evidence", "prepare", "{ws}"],
     ["evidence", "resolve", "evidence:x", "--retire", "--workspace", "{ws}"],
     ["evidence", "evaluate", "{ws}"],
-    ["evidence", "search", "{ws}", "domanda", "--purpose", "rewriting"],
     ["evidence", "import-formulas", "{ws}", "legacy.yaml"],
     ["evidence", "import-proposals", "{ws}", "proposte.json"],
     ["workspace", "activate", "{ws}"],
@@ -220,6 +219,18 @@ def test_with_json_an_error_is_one_json_document_on_stdout(tmp_path: Path,
     assert "workspace root is not a directory" in problem["message"]
     assert result.stderr.strip().startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_search_without_a_workspace_is_an_unavailable_outcome(tmp_path: Path) -> None:
+    """DESIGN: ``search --json`` prints the outcome; a fault is ``unavailable``, never an error
+    document (issue 28, item 6), as ``evidence_runtime.search`` answers."""
+    args = ["evidence", "search", str(tmp_path / "nope"), "domanda", "--purpose", "rewriting",
+            "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["status"], doc["code"]) == ("unavailable", "not_configured"), doc
+    assert "workspace root is not a directory" in doc["message"]
 
 
 # --- round trip ----------------------------------------------------------------------------

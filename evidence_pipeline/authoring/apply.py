@@ -63,6 +63,8 @@ class Batch:
 
     writes: dict[str, bytes] = field(default_factory=dict)
     deletes: set[str] = field(default_factory=set)
+    # written path → the source file its unit comes from (relative to evidence/), for messages
+    origins: dict[str, str] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
         return not self.writes and not self.deletes

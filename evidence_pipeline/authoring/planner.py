@@ -54,6 +54,7 @@ from evidence_pipeline.validation.rules import (
     check_unit,
     credential_problems,
     schema_problems,
+    unit_text_findings,
 )
 from evidence_runtime.curated import CuratedDocument
 from evidence_runtime.units import SCHEMA_VERSION, UnitBase, parse_unit
@@ -268,6 +269,7 @@ class BatchPlanner:
                 continue
             unit = _flag_atomic_too_large(unit, full, proposed.body,
                                           self.ws.config.embeddings.max_chunk_chars)
+            unit = _flag_hidden_text(unit, full, proposed.body)
             new_rel = curated_relpath(unit)
             old = self.existing.get(eid)
             if old is not None:
@@ -393,6 +395,9 @@ class BatchPlanner:
             new = dump_curated(doc).encode("utf-8")
             if new != old:
                 batch.writes[target] = new
+                origin = _source_of(doc)
+                if origin is not None:
+                    batch.origins[target] = origin
                 diff_parts.append(_diff(target, old, new))
         manifest_rel = f"{self.ev}/{MANIFEST_NAME}"
         mpath = self.ws.root / manifest_rel
@@ -407,6 +412,29 @@ class BatchPlanner:
                 batch.writes[manifest_rel] = new_m
                 diff_parts.append(_diff(manifest_rel, old_m, new_m))
         return batch, "".join(diff_parts)
+
+
+def _flag_hidden_text(unit: UnitBase, full: dict[str, Any], body: str) -> UnitBase:
+    """Add a review item for each field holding invisible characters and for a title mixing
+    scripts (issue 28, item 8): what a reviewer cannot see is never approved unseen."""
+    carried = {(r.code, r.field) for r in unit.review_items}
+    found = [(code, field, message) for code, field, message
+             in unit_text_findings(unit, body if body.strip() else None)
+             if (code, field) not in carried]
+    if not found:
+        return unit
+    items = [*(r.model_dump(mode="json", exclude_none=True) for r in unit.review_items),
+             *({"code": code, "message": message, "field": field}
+               for code, field, message in found)]
+    return parse_unit({**full, "review_items": items})
+
+
+def _source_of(doc: CuratedDocument) -> str | None:
+    """The source file a curated document names in its provenance, if it names one."""
+    front: Any = doc.front
+    prov = front.get("provenance") if isinstance(front, dict) else None
+    source = prov.get("source_file") if isinstance(prov, dict) else None  # type: ignore[union-attr]
+    return source if isinstance(source, str) else None
 
 
 def _flag_atomic_too_large(unit: UnitBase, full: dict[str, Any], body: str,

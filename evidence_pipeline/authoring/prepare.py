@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from evidence_pipeline.authoring.planner import (
     SourceReport,
 )
 from evidence_pipeline.authoring.relink import bring_orphans_home, with_orphan_origins
-from evidence_pipeline.authoring.session import AuthoringSession, ExistingUnit
+from evidence_pipeline.authoring.session import AuthoringSession, BatchInvalidError, ExistingUnit
 from evidence_pipeline.authoring.sources import (
     Change,
     SourceChange,
@@ -91,6 +91,27 @@ class PrepareError(EvidenceError):
         self.not_attempted = list(not_attempted)
 
 
+class Notice(BaseModel):
+    """Something prepare left out on purpose and says so (never an error): ``source_hidden``,
+    a hidden file or directory under ``source/`` that is not a source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str
+    path: str
+    message: str
+
+
+SOURCE_HIDDEN = "source_hidden"
+
+
+def hidden_notices(shown: Sequence[str]) -> list[Notice]:
+    """One ``source_hidden`` notice for each hidden entry skipped (paths as the user sees them)."""
+    return [Notice(code=SOURCE_HIDDEN, path=path if path.isprintable() else ascii(path),
+                   message="hidden (its name starts with '.'): not read as a source; rename it "
+                           "to make it one") for path in shown]
+
+
 class PrepareResult(BaseModel):
     """What a prepare run did; ``model_dump(mode="json")`` is ``prepare --json``."""
 
@@ -105,6 +126,7 @@ class PrepareResult(BaseModel):
     orphans: list[str]
     retirement_candidates: list[str]
     recovered: list[str]
+    notices: list[Notice] = Field(default_factory=list[Notice])
     diff: str = Field(exclude=True)
 
     @computed_field  # type: ignore[prop-decorator]
@@ -154,6 +176,7 @@ class PreparePlan:
     changes: list[SourceChange]
     problems: list[Problem]  # intake refusals and unreadable curated files
     only: str | None = None  # a prepare of this one source (see only_source)
+    notices: list[Notice] = field(default_factory=list[Notice])  # what was left out, and why
 
     @property
     def ws(self) -> Workspace:
@@ -184,14 +207,16 @@ def plan_prepare(session: AuthoringSession, *, upgrade: bool = False) -> Prepare
     """Load the session (clean tree, manifest, curated units) and classify every source (hash
     against manifest); raises :class:`EvidenceError` when prepare must not run."""
     session.load(upgrade=upgrade)
-    sources, intake_errors = intake(session.ws.evidence_dir)
+    hidden: list[str] = []
+    sources, intake_errors = intake(session.ws.evidence_dir, hidden)
     problems: list[Problem] = [
         Problem(e.code, Severity.error, session.shown(e.path) if e.path else None, None,
                 e.message) for e in intake_errors]
     problems.extend(session.unreadable)
     manifest = with_orphan_origins(session.manifest or empty_manifest(), session.existing)
     changes = bring_orphans_home(compare(sources, manifest, everything=upgrade), manifest)
-    return PreparePlan(session, manifest, changes, problems)
+    return PreparePlan(session, manifest, changes, problems,
+                       notices=hidden_notices([session.shown(h) for h in hidden]))
 
 
 def model_request(plan: PreparePlan, change: SourceChange) -> ModelRequest:
@@ -262,7 +287,12 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
                       stop_at_model_failure=stop_at_model_failure,
                       model_progress=model_progress)
     batch, diff = planner.batch()
-    plan.session.apply(batch)
+    try:
+        plan.session.apply(batch)
+    except BatchInvalidError as exc:  # a file validate would refuse: the source is named
+        raise PrepareError(f"prepare refused: {len(exc.problems)} problem(s); the work tree "
+                           "was not changed", exc.problems, model_calls=planner.model_calls,
+                           code=exc.code) from None
     remember_written(plan, planner, batch)
     if not batch.is_empty():
         planner.save_proposals()  # the model backends' proposals: the bases of the next merge
@@ -275,6 +305,7 @@ def apply_plan(plan: PreparePlan, propose: Callable[[SourceChange], SourcePropos
         deleted=sorted(batch.deletes),
         diff=diff,
         recovered=list(plan.session.recovered),
+        notices=list(plan.notices),
         review_items=planner.review_items,
         orphans=sorted(new_manifest.orphans),
         retirement_candidates=sorted(new_manifest.retirement_candidates),

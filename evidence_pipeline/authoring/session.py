@@ -24,6 +24,7 @@ from evidence_pipeline.formats.manifest import (
 from evidence_pipeline.gitrepo import dirty_paths, require_clean
 from evidence_pipeline.lock import workspace_lock
 from evidence_pipeline.state import STATE_DIR_NAME
+from evidence_pipeline.validation.batch import batch_problems
 from evidence_pipeline.validation.corpus import SourceReader, corpus_files
 from evidence_pipeline.validation.problems import Problem
 from evidence_pipeline.validation.unit_cache import UnitCache
@@ -35,6 +36,17 @@ from evidence_runtime.workspace import Workspace
 
 # What must be clean by default, relative to evidence/: the files authoring rewrites.
 CURATED_AND_MANIFEST = ("curated", MANIFEST_NAME)
+
+
+class BatchInvalidError(EvidenceError):
+    """The batch holds a file ``validate`` would refuse (``problems`` name each); nothing was
+    written."""
+
+    code = ErrorCode.batch_invalid
+
+    def __init__(self, message: str, problems: Sequence[Problem], **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -167,11 +179,19 @@ class AuthoringSession:
     def apply(self, batch: Batch) -> None:
         """Apply ``batch`` (paths relative to the workspace root) all or nothing.
 
-        The paths checked clean by :meth:`load` must still be clean: a file edited while the
+        Every file is first put through the rules ``validate`` applies to it
+        (:func:`batch_problems`): :class:`BatchInvalidError` when one breaks them. The paths
+        checked clean by :meth:`load` must still be clean: a file edited while the
         command ran (a model call can take minutes) refuses the batch, so the edit is kept.
         """
         if batch.is_empty():
             return
+        invalid = batch_problems(batch.writes, evidence_root=self.ev, origins=batch.origins)
+        if invalid:
+            first = invalid[0]
+            raise BatchInvalidError(
+                f"{self.what} refused: {len(invalid)} file(s) it would write are not valid "
+                f"({first.path}: {first.message})", invalid, path=str(self.ws.root))
         dirty = dirty_paths(self.ws.root, self.guarded)
         if dirty:
             listed = ", ".join(dirty[:10]) + (f" and {len(dirty) - 10} more"

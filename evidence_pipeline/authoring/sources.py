@@ -133,11 +133,14 @@ def take_in(raw: bytes, rel: str) -> Source:
                   notes=notes)
 
 
-def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
+def list_sources(evidence_dir: Path, hidden: list[str] | None = None,
+                 ) -> tuple[list[str], list[SourceError]]:
     """Relative paths of the candidate sources, and errors for entries that must be refused.
 
-    Hidden files are skipped; files with another extension are refused (the spec accepts
-    Markdown, UTF-8 text and ``.sql.md`` only).
+    Hidden files and directories (``.x.md``, ``..md``, ``.drafts/``) are skipped, each one
+    added to ``hidden`` when given (a directory with a trailing ``/``) so the caller can say
+    so; files with another extension are refused (the spec accepts Markdown, UTF-8 text and
+    ``.sql.md`` only).
     """
     root = evidence_dir / "source"
     found: list[str] = []
@@ -145,8 +148,11 @@ def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
     if not root.is_dir():
         return found, errors
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         here = Path(dirpath)
+        if hidden is not None:
+            hidden.extend(f"{(here / d).relative_to(evidence_dir).as_posix()}/"
+                          for d in sorted(dirnames) if d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for d in list(dirnames):
             if (here / d).is_symlink():
                 rel = (here / d).relative_to(evidence_dir).as_posix()
@@ -155,6 +161,8 @@ def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
                 dirnames.remove(d)
         for name in sorted(filenames):
             if name.startswith("."):
+                if hidden is not None:
+                    hidden.append((here / name).relative_to(evidence_dir).as_posix())
                 continue
             rel = (here / name).relative_to(evidence_dir).as_posix()
             unsafe = _unsafe_name(rel)
@@ -169,9 +177,11 @@ def list_sources(evidence_dir: Path) -> tuple[list[str], list[SourceError]]:
     return sorted(found), errors
 
 
-def intake(evidence_dir: Path) -> tuple[dict[str, Source], list[SourceError]]:
-    """Read every acceptable source; the errors list every refusal (nothing is skipped silently)."""
-    paths, errors = list_sources(evidence_dir)
+def intake(evidence_dir: Path, hidden: list[str] | None = None,
+           ) -> tuple[dict[str, Source], list[SourceError]]:
+    """Read every acceptable source; the errors list every refusal, ``hidden`` (when given)
+    every hidden entry skipped (nothing is skipped silently)."""
+    paths, errors = list_sources(evidence_dir, hidden)
     sources: dict[str, Source] = {}
     for rel in paths:
         try:

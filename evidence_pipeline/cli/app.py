@@ -188,6 +188,8 @@ def prepare(workspace_root: Path, upgrade: bool, backend: str | None, no_diff: b
                     ("unchanged", "changed", "new", "renamed", "restored", "removed"))
         + f"; {result.model_calls} model call(s); {len(result.written)} file(s) written, "
           f"{len(result.deleted)} deleted; {result.review_items} review item(s)")
+    for notice in result.notices:
+        stdout.print(f"[dim]info: {escape(notice.path)}: {notice.message}[/]")
     if result.status == "unchanged":
         stdout.print("nothing to do: every source is unchanged")
     elif not no_diff:
@@ -429,10 +431,12 @@ def evaluate(workspace_root: Path, generation: int | None, save_baseline: bool,
         evaluation_index,
     )
     from evidence_pipeline.publishing.evaluate import save_baseline as write_baseline
+    from evidence_pipeline.state import require_writable_state_dir
     from evidence_runtime.search import EvidenceSearcher, index_config
     from evidence_runtime.workspace import load_workspace
 
     ws = load_workspace(workspace_root)
+    require_writable_state_dir(ws.state_dir)  # the shard copy and the report go there
     # on the embedded engine a copy of the shard: searches elsewhere wait only for the copy
     with evaluation_index(ws, index_config(ws)) as where, \
             EvidenceSearcher.for_workspace(ws, index_target=where) as searcher:
@@ -494,19 +498,32 @@ def search(workspace_root: Path, question: str, purpose: str, tables: tuple[str,
     --kind and --require-* are binding constraints (spec §10), applied as filters.
     Exit 0 when available (even with no results), 1 when Evidence is unavailable.
     """
-    from evidence_runtime.query import EvidenceConstraints, EvidenceSearchContext, InvalidQueryError
-    from evidence_runtime.search import EvidenceSearcher
+    from evidence_runtime.query import (
+        EvidenceConstraints,
+        EvidenceSearchContext,
+        InvalidQueryError,
+        render_query,
+    )
+    from evidence_runtime.search import EvidenceSearcher, UnavailableCode, unavailable
 
     context = EvidenceSearchContext(tables=tables, columns=columns, concepts=concepts,
                                     constraints=EvidenceConstraints(
                                         kinds=kinds, tables=required_tables,
                                         columns=required_columns,
                                         concepts=required_concepts))
-    with EvidenceSearcher.for_workspace(workspace_root) as searcher:
-        try:
-            outcome = searcher.search(question, purpose, context, limit=limit)
-        except InvalidQueryError as exc:
-            raise click.UsageError(str(exc)) from None
+    try:
+        opened = EvidenceSearcher.for_workspace(workspace_root)
+    except EvidenceError as exc:  # DESIGN: a fault is an unavailable outcome, as search() says
+        opened = unavailable(UnavailableCode.not_configured, str(exc), purpose=purpose)
+    try:
+        if isinstance(opened, EvidenceSearcher):
+            with opened as searcher:
+                outcome = searcher.search(question, purpose, context, limit=limit)
+        else:
+            render_query(question, context)  # a bad question is the caller's, here too
+            outcome = opened
+    except InvalidQueryError as exc:
+        raise click.UsageError(str(exc)) from None
     if as_json:
         emit_json(outcome.model_dump(mode="json"))
     elif not outcome.available:

@@ -17,11 +17,13 @@ look-alikes that must not.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
 from evidence_pipeline.validation.problems import Problem, Severity
+from evidence_pipeline.validation.text import scan_form, walk_strings
+
+__all__ = ["credential_problems", "find_credentials", "walk_strings"]
 
 # A value that names a secret instead of giving it: a shell/psql variable, a template, a
 # placeholder, a mask.
@@ -44,7 +46,8 @@ _OWN_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # (?<![a-z0-9]) rather than \b: DB_PASSWORD=, GITHUB_TOKEN= are names ending in the word;
     # a colon with a space before it and none after is psql's variable syntax (PASSWORD :'v')
     ("password assignment",
-     re.compile(rf"(?i)(?<![a-z0-9]){_PASSWORD_WORDS}(?:\s*=\s*|:\s*|\s+:\s+){_VALUE}")),
+     re.compile(rf"(?i)(?<![a-z0-9]){_PASSWORD_WORDS}[`'\"]?(?:\s*=\s*|:\s*|\s+:\s+)"
+                rf"{_VALUE}")),
     ("API key or token assignment",
      re.compile(r"(?i)(?<![a-z0-9])(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
                 r"|secret[_-]?(?:access[_-]?)?key|client[_-]?secret|token|secret)"
@@ -62,13 +65,20 @@ _OWN_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("bearer token", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{20,}=*")),
     # --- PostgreSQL ---
     # export / set / $env: / compose `- PGPASSWORD=` / YAML `PGPASSWORD:`; not $VAR or ${VAR}
+    # also quoted as a name: `PGPASSWORD`=…, "PGPASSWORD": …
     ("PGPASSWORD with a value",
-     re.compile(rf"(?<![A-Za-z0-9_])PGPASSWORD\s*[:=]\s*{_VALUE}")),
+     re.compile(rf"(?<![A-Za-z0-9_])PGPASSWORD[`'\"]?\s*[:=]\s*{_VALUE}")),
     ("password of a PostgreSQL role",
      re.compile(r"(?is)\b(?:CREATE|ALTER)\s+(?:ROLE|USER|GROUP)\b[^;]*?\bPASSWORD\s+E?'(?:[^'\\]|''|\\.)+'")),
     # hostname:port:database:username:password, the port a number or *
     (".pgpass line",
      re.compile(r"(?m)^[ \t]*[^:\s]+:(?:\d{1,5}|\*):[^:\s]+:[^:\s]+:(?!\*+[ \t]*$)\S{3,}[ \t]*$")),
+    # the same five fields inside a sentence ("Riga del file .pgpass: host:5432:db:user:pw"):
+    # whole words, a numeric port, a password of 3+ characters that is not a mask or the
+    # field's name
+    (".pgpass line",
+     re.compile(r"(?<!\S)[^:\s]+:(?:\d{1,5}|\*):[^:\s]+:[^:\s]+:"
+                r"(?!\*+(?:\s|$)|(?i:password|passwd|pwd)\b)[^:\s]{3,}(?!\S*:)")),
     ("password in a libpq connection string",
      re.compile(r"(?i)(?<![\w.])password\s*=\s*'(?:[^'\\\n]|\\.){3,}'")),
     # --- prose ---
@@ -105,28 +115,16 @@ def _plugins() -> tuple[Any, ...]:
 
 
 def find_credentials(text: str) -> list[str]:
-    """Names of the credential shapes found in a text (empty when clean)."""
+    """Names of the credential shapes found in a text (empty when clean), read in its
+    :func:`~evidence_pipeline.validation.text.scan_form` (invisible characters removed, NFKC):
+    ``pass\u200bword=…`` and a fullwidth ``ＰＧＰＡＳＳＷＯＲＤ=…`` are found too."""
+    text = scan_form(text)
     found = [name for name, pattern in _OWN_RULES if pattern.search(text)]
     lines = text.splitlines()
     for plugin in _plugins():
         if any(next(iter(plugin.analyze_string(line)), None) for line in lines):
             found.append(plugin.secret_type)
     return list(dict.fromkeys(found))
-
-
-def walk_strings(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    """Every string in nested data, with its dotted field path (mapping keys too, below the
-    top level)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if prefix:  # a key is text too (an enum code)
-                yield prefix, str(k)
-            yield from walk_strings(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from walk_strings(v, f"{prefix}[{i}]")
-    elif isinstance(value, str):
-        yield prefix, value
 
 
 def credential_problems(data: Any, body: str, *, path: str | None,

@@ -32,6 +32,7 @@ from evidence_pipeline.validation.credentials import (
 )
 from evidence_pipeline.validation.excerpts import excerpt_too_short, too_short_message
 from evidence_pipeline.validation.problems import Problem, Severity
+from evidence_pipeline.validation.text import has_invisible, text_findings
 from evidence_runtime.curated import (
     validation_messages,
 )
@@ -228,7 +229,20 @@ def check_unit(unit: UnitBase, *, rel_path: str, sources: SourceReader,
         problem("url_invalid", body_bad, "body")
     for item in unit.review_items:
         problem("review_item", f"{item.code}: {item.message}", item.field, Severity.review)
+    carried = {(item.code, item.field) for item in unit.review_items}
+    for code, fld, message in unit_text_findings(unit, body):
+        if (code, fld) not in carried:  # prepare writes them into the unit; said once
+            problem(code, message, fld, Severity.review)
     return out
+
+
+def unit_text_findings(unit: UnitBase, body: str | None) -> list[tuple[str, str, str]]:
+    """Invisible characters in any field or the body, a title mixing scripts
+    (:func:`~evidence_pipeline.validation.text.text_findings`): (code, field, message)."""
+    # one scan of the unit's JSON first: the field walk only for a unit that needs it
+    if not has_invisible(unit.model_dump_json()) and not (body and has_invisible(body)):
+        return text_findings({"title": unit.title}, None)
+    return text_findings(unit.model_dump(mode="json", exclude_defaults=True), body)
 
 
 
