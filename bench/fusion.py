@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -229,19 +230,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target", type=int, default=None,
                     help="a scratch shard whose fragments pack ~N characters besides their "
                          "header (fragments.TARGET_FRAGMENT_CHARS; issue 26 item 3)")
+    ap.add_argument("--context", choices=("path", "bm25-path", "generic"), default=None,
+                    help="a scratch shard with a 'Sezione:' header line (issue 26 item 1): "
+                         "path = the headings above the unit in its note, only the ones that "
+                         "add words to its title (dense and BM25); bm25-path = the same in "
+                         "the BM25 text only; generic = the note's title, only for units whose "
+                         "title is generic")
     ap.add_argument("--against", default=None,
                     help="tag of kept lists (e.g. dev, bird) to pair this run's default "
                          "fusion and branches with, per question")
     ap.add_argument("--top", type=int, default=60)
     args = ap.parse_args(argv)
     tag = (f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
-           f"{f'-t{args.target}' if args.target else ''}")
+           f"{f'-t{args.target}' if args.target else ''}"
+           f"{f'-ctx-{args.context}' if args.context else ''}")
     path = RESULTS / f"fusion-lists-{tag}.json"
     if not args.cached:
         import quality
 
         rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title,
-                              target=args.target)
+                              target=args.target, context=args.context)
         path.write_text(json.dumps(rows), encoding="utf-8")
         log(f"[fusion] lists kept in {path}")
     rows = json.loads(path.read_text(encoding="utf-8"))
@@ -382,8 +390,105 @@ def target_index(searcher: Any, ws: Path, path: Path, target: int) -> Any:
     return index, bm25
 
 
+_WORD = re.compile(r"\w+")
+GENERIC_TITLE = re.compile(r"^\s*(\d+[.)]|colonne|qualche precisazion|precisazion|note|dettagli|"
+                           r"altro|varie|columns|notes|details|other)\b", re.IGNORECASE)
+
+
+def heading_path(note: str, excerpts: Sequence[str], title: str) -> list[str]:
+    """The Markdown headings above the unit in its source note (outermost first): above its
+    first supporting excerpt found in the note, else above a heading equal to its title."""
+    lines = note.splitlines()
+    at = None
+    for ex in excerpts:
+        probe = ex.strip()[:60]
+        at = next((i for i, line in enumerate(lines) if probe and probe in line), None)
+        if at is not None:
+            break
+    if at is None:
+        at = next((i for i, line in enumerate(lines)
+                   if line.lstrip().startswith("#") and line.lstrip("# ").strip() == title),
+                  None)
+    if at is None:
+        return []
+    path: list[tuple[int, str]] = []
+    for line in lines[:at + 1]:
+        m = re.match(r"^(#{1,6})\s*(.+?)\s*#*\s*$", line)
+        if m:
+            level = len(m.group(1))
+            path = [p for p in path if p[0] < level] + [(level, m.group(2))]
+    return [t for _, t in path]
+
+
+def context_line(item: Any, ws: Path, form: str) -> str | None:
+    """The context a unit's fragments get in the ``form`` variant (None: nothing added)."""
+    unit = item.unit
+    source = str(unit.provenance.source_file) if unit.provenance else ""
+    note = ""
+    for base in (ws, ws / "evidence", ws / "evidence" / "source"):
+        if source and (base / source).is_file():
+            note = (base / source).read_text(encoding="utf-8")
+            break
+    if form == "generic":
+        if not GENERIC_TITLE.match(unit.title) or not note:
+            return None
+        return note_title(ws, source)
+    excerpts = list(unit.provenance.supporting_excerpts) if unit.provenance else []
+    title_words = {w.lower() for w in _WORD.findall(unit.title)}
+    new = [h for h in heading_path(note, excerpts, unit.title)
+           if not {w.lower() for w in _WORD.findall(h)} <= title_words]
+    return " › ".join(new) or None
+
+
+def context_index(searcher: Any, ws: Path, path: Path, form: str) -> Any:
+    """A scratch Edge shard with the active generation's points, a ``Sezione:`` line after
+    each changed unit's title line (dense re-embedded for ``path`` and ``generic``, BM25 text
+    only for ``bm25-path``); counts of the units and fragments changed are logged."""
+    from evidence_pipeline.formats.fragments import bm25_settings
+    from evidence_pipeline.publishing.candidate import generation_points
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.workspace import load_workspace
+
+    gen = searcher.resolve_generation()[0]
+    w = load_workspace(ws)
+    rebuilt = generation_points(w, gen, embedder=searcher.embedder)
+    lines = {item.unit.id: context_line(item, ws, "path" if form == "bm25-path" else form)
+             for item in rebuilt.loaded if item.unit is not None}
+    texts, changed = [], []
+    for i, p in enumerate(rebuilt.points):
+        line = lines.get(str(p.payload["evidence_id"]))
+        if line is None:
+            texts.append(p.text)
+            continue
+        first, _, rest = p.text.partition("\n")
+        texts.append(f"{first}\nSezione: {line}\n{rest}")
+        changed.append(i)
+    dense = [p.dense for p in rebuilt.points]
+    if form != "bm25-path" and changed:
+        vecs = searcher.embedder.embed_passages([texts[i] for i in changed])
+        for j, i in enumerate(changed):
+            dense[i] = vecs[j]
+    points = [IndexPoint(id=p.id, dense=dense[i], text=texts[i],
+                         payload={**p.payload, "text": texts[i]} if form != "bm25-path"
+                         else p.payload)
+              for i, p in enumerate(rebuilt.points)]
+    cfg = w.config.index
+    bm25 = bm25_settings(w.config.language, texts, avg_len=cfg.bm25_avg_len,
+                         stopwords=cfg.bm25_stopwords)
+    index = EdgeIndexWriter.open(path, language=searcher.language)
+    index.ensure_schema(dense_dim=len(points[0].dense))
+    index.upsert(points, bm25=bm25)
+    units = sum(v is not None for v in lines.values())
+    log(f"[fusion] scratch shard, context {form}: {units} of {len(lines)} units and "
+        f"{len(changed)} of {len(points)} fragments changed; BM25 avg_len {bm25.avg_len}")
+    for uid, line in list((k, v) for k, v in lines.items() if v)[:8]:
+        log(f"[fusion]   {uid}: Sezione: {line}")
+    return index
+
+
 def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
-                   target: int | None = None) -> list[dict[str, Any]]:
+                   target: int | None = None, context: str | None = None
+                   ) -> list[dict[str, Any]]:
     import bird
 
     from evidence_runtime.embeddings import make_embedder
@@ -404,6 +509,13 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
                 searcher.close()
                 searcher, built = EvidenceSearcher.for_workspace(
                     ws, embedder=embedder, index=idx), {"bm25_title": True}
+            if context:
+                from evidence_runtime.search import EvidenceSearcher
+
+                idx = context_index(searcher, ws, Path(tmp) / "scratch", context)
+                searcher.close()
+                searcher, built = EvidenceSearcher.for_workspace(
+                    ws, embedder=embedder, index=idx), {"context": context}
             if target:
                 from evidence_runtime.search import EvidenceSearcher
 
@@ -424,6 +536,17 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
     ws, _units, qs, _ = quality.bird_workspace(RESULTS / "bird-workspace", reuse=True,
                                                threads=2)
     searcher, built = open_searcher(ws, Variant(), embedder, ws / ".tht" / "fusion-variant")
+    if context:
+        import shutil
+
+        from evidence_runtime.search import EvidenceSearcher
+
+        scratch = ws / ".tht" / f"fusion-context-{context}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        idx = context_index(searcher, ws, scratch, context)
+        searcher.close()
+        searcher, built = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx), \
+            {"context": context}
     if target:
         import shutil
 
