@@ -236,20 +236,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "add words to its title (dense and BM25); bm25-path = the same in "
                          "the BM25 text only; generic = the note's title, only for units whose "
                          "title is generic")
+    ap.add_argument("--multi", action="store_true",
+                    help="with --target: the whole-unit fragments indexed too (two "
+                         "granularities, grouped to units as search() groups)")
     ap.add_argument("--against", default=None,
                     help="tag of kept lists (e.g. dev, bird) to pair this run's default "
                          "fusion and branches with, per question")
     ap.add_argument("--top", type=int, default=60)
     args = ap.parse_args(argv)
     tag = (f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
-           f"{f'-t{args.target}' if args.target else ''}"
+           f"{f'-t{args.target}' if args.target else ''}{'-multi' if args.multi else ''}"
            f"{f'-ctx-{args.context}' if args.context else ''}")
     path = RESULTS / f"fusion-lists-{tag}.json"
     if not args.cached:
         import quality
 
         rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title,
-                              target=args.target, context=args.context)
+                              target=args.target, context=args.context, multi=args.multi)
         path.write_text(json.dumps(rows), encoding="utf-8")
         log(f"[fusion] lists kept in {path}")
     rows = json.loads(path.read_text(encoding="utf-8"))
@@ -359,14 +362,15 @@ def bm25_title_index(searcher: Any, ws: Path, path: Path) -> Any:
     return index
 
 
-def target_index(searcher: Any, ws: Path, path: Path, target: int) -> Any:
+def target_index(searcher: Any, ws: Path, path: Path, target: int, *, multi: bool = False
+                 ) -> Any:
     """A scratch Edge shard with the active generation's units cut with
     ``TARGET_FRAGMENT_CHARS = target`` (vectors from the workspace's vector cache, the new
     fragments embedded), BM25 settings as a publication of thoth.yaml would measure them."""
     from evidence_pipeline.formats import fragments
     from evidence_pipeline.formats.fragments import bm25_settings
     from evidence_pipeline.publishing.candidate import generation_points
-    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
     from evidence_runtime.workspace import load_workspace
 
     state = searcher.resolve_generation()
@@ -379,13 +383,22 @@ def target_index(searcher: Any, ws: Path, path: Path, target: int) -> Any:
     finally:
         fragments.TARGET_FRAGMENT_CHARS = before
     points = rebuilt.points
+    if multi:  # the whole-unit fragments too; a small one identical to a whole one once
+        import uuid
+
+        whole = generation_points(w, gen, embedder=searcher.embedder).points
+        seen = {p.text for p in whole}
+        points = [*whole, *(IndexPoint(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{p.id}/t")),
+                                       dense=p.dense, text=p.text, payload=p.payload)
+                            for p in points if p.text not in seen)]
     cfg = w.config.index
     bm25 = bm25_settings(w.config.language, [p.text for p in points],
                          avg_len=cfg.bm25_avg_len, stopwords=cfg.bm25_stopwords)
     index = EdgeIndexWriter.open(path, language=searcher.language)
     index.ensure_schema(dense_dim=len(points[0].dense))
     index.upsert(points, bm25=bm25)
-    log(f"[fusion] scratch shard: {len(points)} fragments of ~{target} characters "
+    log(f"[fusion] scratch shard: {len(points)} fragments of ~{target} characters"
+        f"{' and whole units' if multi else ''} "
         f"({rebuilt.embedded} embedded), BM25 avg_len {bm25.avg_len}")
     return index, bm25
 
@@ -487,8 +500,8 @@ def context_index(searcher: Any, ws: Path, path: Path, form: str) -> Any:
 
 
 def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
-                   target: int | None = None, context: str | None = None
-                   ) -> list[dict[str, Any]]:
+                   target: int | None = None, context: str | None = None,
+                   multi: bool = False) -> list[dict[str, Any]]:
     import bird
 
     from evidence_runtime.embeddings import make_embedder
@@ -519,7 +532,8 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
             if target:
                 from evidence_runtime.search import EvidenceSearcher
 
-                idx, _bm25 = target_index(searcher, ws, Path(tmp) / "scratch", target)
+                idx, _bm25 = target_index(searcher, ws, Path(tmp) / "scratch", target,
+                                          multi=multi)
                 searcher.close()
                 searcher, built = EvidenceSearcher.for_workspace(
                     ws, embedder=embedder, index=idx), {"target": target}
@@ -554,7 +568,7 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
 
         scratch = ws / ".tht" / f"fusion-target-{target}"
         shutil.rmtree(scratch, ignore_errors=True)
-        idx, _bm25 = target_index(searcher, ws, scratch, target)
+        idx, _bm25 = target_index(searcher, ws, scratch, target, multi=multi)
         searcher.close()
         searcher, built = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx), \
             {"target": target}
