@@ -12,6 +12,8 @@ arithmetic, and the default row reproduces ``quality.py``'s fused column (checke
     python bench/fusion.py --corpus bird           # BIRD workspace of quality.py (--reuse kept)
     python bench/fusion.py --corpus dev --cached   # only the table, from the kept lists
     python bench/fusion.py --corpus dev --cached --holdout    # the holdout, once, at the end
+    python bench/fusion.py --corpus dev --target 300 --against dev   # fragments of ~300
+        # characters (TARGET_FRAGMENT_CHARS) on a scratch shard, paired against the kept lists
 
 Per profile (dev) the table gives dense, BM25, the oracle (the better branch per question) and
 each fusion; "±" counts questions gained / lost at 10 and by reciprocal rank against the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -224,14 +227,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bm25-title", action="store_true",
                     help="dev: a scratch shard whose BM25 text starts with the source note's "
                          "title (dense vectors and payloads unchanged; issue 26 item 1)")
+    ap.add_argument("--target", type=int, default=None,
+                    help="a scratch shard whose fragments pack ~N characters besides their "
+                         "header (fragments.TARGET_FRAGMENT_CHARS; issue 26 item 3)")
+    ap.add_argument("--context", choices=("path", "bm25-path", "generic"), default=None,
+                    help="a scratch shard with a 'Sezione:' header line (issue 26 item 1): "
+                         "path = the headings above the unit in its note, only the ones that "
+                         "add words to its title (dense and BM25); bm25-path = the same in "
+                         "the BM25 text only; generic = the note's title, only for units whose "
+                         "title is generic")
+    ap.add_argument("--multi", action="store_true",
+                    help="with --target: the whole-unit fragments indexed too (two "
+                         "granularities, grouped to units as search() groups)")
+    ap.add_argument("--against", default=None,
+                    help="tag of kept lists (e.g. dev, bird) to pair this run's default "
+                         "fusion and branches with, per question")
     ap.add_argument("--top", type=int, default=60)
     args = ap.parse_args(argv)
-    tag = f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
+    tag = (f"{args.corpus}{'-bm25title' if args.bm25_title else ''}"
+           f"{f'-t{args.target}' if args.target else ''}{'-multi' if args.multi else ''}"
+           f"{f'-ctx-{args.context}' if args.context else ''}")
     path = RESULTS / f"fusion-lists-{tag}.json"
     if not args.cached:
         import quality
 
-        rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title)
+        rows = collect_corpus(args.corpus, quality, bm25_title=args.bm25_title,
+                              target=args.target, context=args.context, multi=args.multi)
         path.write_text(json.dumps(rows), encoding="utf-8")
         log(f"[fusion] lists kept in {path}")
     rows = json.loads(path.read_text(encoding="utf-8"))
@@ -241,7 +262,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"fusion-{tag}{'-holdout' if args.holdout else ''}.json"
     (RESULTS / name).write_text(json.dumps(rep, indent=1), encoding="utf-8")
     print(render(rep, args.top))
+    if args.against:
+        base = json.loads((RESULTS / f"fusion-lists-{args.against}.json").read_text("utf-8"))
+        if args.corpus == "dev":
+            base = [r for r in base if r["split"] == ("holdout" if args.holdout else "dev")]
+        paired = against(base, rows, args.corpus)
+        (RESULTS / f"fusion-{tag}-vs-{args.against}{'-holdout' if args.holdout else ''}.json"
+         ).write_text(json.dumps(paired, indent=1), encoding="utf-8")
+        print(render_against(paired, args.against, tag))
     return 0
+
+
+def against(base: list[dict[str, Any]], rows: list[dict[str, Any]], corpus: str
+            ) -> dict[str, Any]:
+    """Per profile: each branch and the library's default fusion of ``rows`` against the same
+    of ``base`` (same questions, paired by id), with the oracle of each."""
+    from evidence_runtime.index.fusion import Fusion
+
+    by_id = {r["id"]: r for r in rows}
+    base = [r for r in base if r["id"] in by_id]
+    other = [by_id[r["id"]] for r in base]
+    groups = {"all": list(range(len(base)))}
+    if corpus != "bird":
+        for p in ("semantic", "lexical", "mixed"):
+            groups[p] = [i for i, r in enumerate(base) if r["profile"] == p]
+    out: dict[str, Any] = {}
+    for name, idx in groups.items():
+        b = [base[i] for i in idx]
+        o = [other[i] for i in idx]
+        res: dict[str, Any] = {"n": len(idx)}
+        for mode in ("dense", "bm25", "fused"):
+            rb, ro = ranks(b, Fusion("adaptive"), mode), ranks(o, Fusion("adaptive"), mode)
+            res[mode] = {"before": metrics(rb), "after": {**metrics(ro), **compare(rb, ro)}}
+        ob = [min((x for x in (ranks([r], None, "dense")[0], ranks([r], None, "bm25")[0])
+                   if x is not None), default=None) for r in b]
+        oo = [min((x for x in (ranks([r], None, "dense")[0], ranks([r], None, "bm25")[0])
+                   if x is not None), default=None) for r in o]
+        res["oracle"] = {"before": metrics(ob), "after": {**metrics(oo), **compare(ob, oo)}}
+        out[name] = res
+    return out
+
+
+def render_against(paired: dict[str, Any], before: str, after: str) -> str:
+    lines = []
+    for name, res in paired.items():
+        rows = []
+        for mode in ("dense", "bm25", "oracle", "fused"):
+            b, a = res[mode]["before"], res[mode]["after"]
+            rows.append([mode, f"{b['hit_at_1']} → {a['hit_at_1']}",
+                         f"{b['hit_at_5']} → {a['hit_at_5']}",
+                         f"{b['hit_at_10']} → {a['hit_at_10']}", f"{b['mrr']} → {a['mrr']}",
+                         a["hit10"], a["rr"], a["p_rr"]])
+        lines.append(table(["row", "hit@1", "hit@5", "hit@10", "MRR", "±hit@10", "±RR",
+                            "p(RR)"], rows, f"\n{name} ({res['n']}): {before} → {after}"))
+    return "\n".join(lines)
 
 
 def note_title(ws: Path, source_file: str) -> str:
@@ -288,8 +362,146 @@ def bm25_title_index(searcher: Any, ws: Path, path: Path) -> Any:
     return index
 
 
-def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False
-                   ) -> list[dict[str, Any]]:
+def target_index(searcher: Any, ws: Path, path: Path, target: int, *, multi: bool = False
+                 ) -> Any:
+    """A scratch Edge shard with the active generation's units cut with
+    ``TARGET_FRAGMENT_CHARS = target`` (vectors from the workspace's vector cache, the new
+    fragments embedded), BM25 settings as a publication of thoth.yaml would measure them."""
+    from evidence_pipeline.formats import fragments
+    from evidence_pipeline.formats.fragments import bm25_settings
+    from evidence_pipeline.publishing.candidate import generation_points
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.workspace import load_workspace
+
+    state = searcher.resolve_generation()
+    gen = state[0]
+    w = load_workspace(ws)
+    before = fragments.TARGET_FRAGMENT_CHARS
+    fragments.TARGET_FRAGMENT_CHARS = target
+    try:
+        rebuilt = generation_points(w, gen, embedder=searcher.embedder)
+    finally:
+        fragments.TARGET_FRAGMENT_CHARS = before
+    points = rebuilt.points
+    if multi:  # the whole-unit fragments too; a small one identical to a whole one once
+        import uuid
+
+        whole = generation_points(w, gen, embedder=searcher.embedder).points
+        seen = {p.text for p in whole}
+        points = [*whole, *(IndexPoint(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{p.id}/t")),
+                                       dense=p.dense, text=p.text, payload=p.payload)
+                            for p in points if p.text not in seen)]
+    cfg = w.config.index
+    bm25 = bm25_settings(w.config.language, [p.text for p in points],
+                         avg_len=cfg.bm25_avg_len, stopwords=cfg.bm25_stopwords)
+    index = EdgeIndexWriter.open(path, language=searcher.language)
+    index.ensure_schema(dense_dim=len(points[0].dense))
+    index.upsert(points, bm25=bm25)
+    log(f"[fusion] scratch shard: {len(points)} fragments of ~{target} characters"
+        f"{' and whole units' if multi else ''} "
+        f"({rebuilt.embedded} embedded), BM25 avg_len {bm25.avg_len}")
+    return index, bm25
+
+
+_WORD = re.compile(r"\w+")
+GENERIC_TITLE = re.compile(r"^\s*(\d+[.)]|colonne|qualche precisazion|precisazion|note|dettagli|"
+                           r"altro|varie|columns|notes|details|other)\b", re.IGNORECASE)
+
+
+def heading_path(note: str, excerpts: Sequence[str], title: str) -> list[str]:
+    """The Markdown headings above the unit in its source note (outermost first): above its
+    first supporting excerpt found in the note, else above a heading equal to its title."""
+    lines = note.splitlines()
+    at = None
+    for ex in excerpts:
+        probe = ex.strip()[:60]
+        at = next((i for i, line in enumerate(lines) if probe and probe in line), None)
+        if at is not None:
+            break
+    if at is None:
+        at = next((i for i, line in enumerate(lines)
+                   if line.lstrip().startswith("#") and line.lstrip("# ").strip() == title),
+                  None)
+    if at is None:
+        return []
+    path: list[tuple[int, str]] = []
+    for line in lines[:at + 1]:
+        m = re.match(r"^(#{1,6})\s*(.+?)\s*#*\s*$", line)
+        if m:
+            level = len(m.group(1))
+            path = [p for p in path if p[0] < level] + [(level, m.group(2))]
+    return [t for _, t in path]
+
+
+def context_line(item: Any, ws: Path, form: str) -> str | None:
+    """The context a unit's fragments get in the ``form`` variant (None: nothing added)."""
+    unit = item.unit
+    source = str(unit.provenance.source_file) if unit.provenance else ""
+    note = ""
+    for base in (ws, ws / "evidence", ws / "evidence" / "source"):
+        if source and (base / source).is_file():
+            note = (base / source).read_text(encoding="utf-8")
+            break
+    if form == "generic":
+        if not GENERIC_TITLE.match(unit.title) or not note:
+            return None
+        return note_title(ws, source)
+    excerpts = list(unit.provenance.supporting_excerpts) if unit.provenance else []
+    title_words = {w.lower() for w in _WORD.findall(unit.title)}
+    new = [h for h in heading_path(note, excerpts, unit.title)
+           if not {w.lower() for w in _WORD.findall(h)} <= title_words]
+    return " › ".join(new) or None
+
+
+def context_index(searcher: Any, ws: Path, path: Path, form: str) -> Any:
+    """A scratch Edge shard with the active generation's points, a ``Sezione:`` line after
+    each changed unit's title line (dense re-embedded for ``path`` and ``generic``, BM25 text
+    only for ``bm25-path``); counts of the units and fragments changed are logged."""
+    from evidence_pipeline.formats.fragments import bm25_settings
+    from evidence_pipeline.publishing.candidate import generation_points
+    from evidence_pipeline.publishing.index_writer import EdgeIndexWriter, IndexPoint
+    from evidence_runtime.workspace import load_workspace
+
+    gen = searcher.resolve_generation()[0]
+    w = load_workspace(ws)
+    rebuilt = generation_points(w, gen, embedder=searcher.embedder)
+    lines = {item.unit.id: context_line(item, ws, "path" if form == "bm25-path" else form)
+             for item in rebuilt.loaded if item.unit is not None}
+    texts, changed = [], []
+    for i, p in enumerate(rebuilt.points):
+        line = lines.get(str(p.payload["evidence_id"]))
+        if line is None:
+            texts.append(p.text)
+            continue
+        first, _, rest = p.text.partition("\n")
+        texts.append(f"{first}\nSezione: {line}\n{rest}")
+        changed.append(i)
+    dense = [p.dense for p in rebuilt.points]
+    if form != "bm25-path" and changed:
+        vecs = searcher.embedder.embed_passages([texts[i] for i in changed])
+        for j, i in enumerate(changed):
+            dense[i] = vecs[j]
+    points = [IndexPoint(id=p.id, dense=dense[i], text=texts[i],
+                         payload={**p.payload, "text": texts[i]} if form != "bm25-path"
+                         else p.payload)
+              for i, p in enumerate(rebuilt.points)]
+    cfg = w.config.index
+    bm25 = bm25_settings(w.config.language, texts, avg_len=cfg.bm25_avg_len,
+                         stopwords=cfg.bm25_stopwords)
+    index = EdgeIndexWriter.open(path, language=searcher.language)
+    index.ensure_schema(dense_dim=len(points[0].dense))
+    index.upsert(points, bm25=bm25)
+    units = sum(v is not None for v in lines.values())
+    log(f"[fusion] scratch shard, context {form}: {units} of {len(lines)} units and "
+        f"{len(changed)} of {len(points)} fragments changed; BM25 avg_len {bm25.avg_len}")
+    for uid, line in list((k, v) for k, v in lines.items() if v)[:8]:
+        log(f"[fusion]   {uid}: Sezione: {line}")
+    return index
+
+
+def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False,
+                   target: int | None = None, context: str | None = None,
+                   multi: bool = False) -> list[dict[str, Any]]:
     import bird
 
     from evidence_runtime.embeddings import make_embedder
@@ -310,6 +522,21 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False
                 searcher.close()
                 searcher, built = EvidenceSearcher.for_workspace(
                     ws, embedder=embedder, index=idx), {"bm25_title": True}
+            if context:
+                from evidence_runtime.search import EvidenceSearcher
+
+                idx = context_index(searcher, ws, Path(tmp) / "scratch", context)
+                searcher.close()
+                searcher, built = EvidenceSearcher.for_workspace(
+                    ws, embedder=embedder, index=idx), {"context": context}
+            if target:
+                from evidence_runtime.search import EvidenceSearcher
+
+                idx, _bm25 = target_index(searcher, ws, Path(tmp) / "scratch", target,
+                                          multi=multi)
+                searcher.close()
+                searcher, built = EvidenceSearcher.for_workspace(
+                    ws, embedder=embedder, index=idx), {"target": target}
             try:
                 ranker = quality.Ranker(searcher)
                 cases = quality.dev_cases(load_devset())
@@ -323,6 +550,28 @@ def collect_corpus(corpus: str, quality: Any, *, bm25_title: bool = False
     ws, _units, qs, _ = quality.bird_workspace(RESULTS / "bird-workspace", reuse=True,
                                                threads=2)
     searcher, built = open_searcher(ws, Variant(), embedder, ws / ".tht" / "fusion-variant")
+    if context:
+        import shutil
+
+        from evidence_runtime.search import EvidenceSearcher
+
+        scratch = ws / ".tht" / f"fusion-context-{context}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        idx = context_index(searcher, ws, scratch, context)
+        searcher.close()
+        searcher, built = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx), \
+            {"context": context}
+    if target:
+        import shutil
+
+        from evidence_runtime.search import EvidenceSearcher
+
+        scratch = ws / ".tht" / f"fusion-target-{target}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        idx, _bm25 = target_index(searcher, ws, scratch, target, multi=multi)
+        searcher.close()
+        searcher, built = EvidenceSearcher.for_workspace(ws, embedder=embedder, index=idx), \
+            {"target": target}
     try:
         ranker = quality.Ranker(searcher)
         cases = quality.bird_cases(qs)

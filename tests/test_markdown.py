@@ -125,6 +125,37 @@ def test_a_table_is_cut_only_between_rows_even_without_outer_pipes() -> None:
         build_fragments(unit, wide, 1200)
 
 
+def test_the_fragment_target_is_off_and_when_set_packs_smaller_fragments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from evidence_pipeline.formats import fragments
+    from evidence_pipeline.formats.fragments import build_fragments, header
+    from evidence_runtime.units import parse_unit
+
+    assert fragments.TARGET_FRAGMENT_CHARS is None  # measured, not adopted (bench/README)
+    unit = parse_unit({
+        "schema_version": 1, "id": "evidence:ricoveri", "title": "Ricoveri", "kind": "domain",
+        "purposes": ["rewriting"], "language": "it",
+        "provenance": {"source_file": "source/nota.md", "source_sha256": "sha256:" + "0" * 64,
+                       "supporting_excerpts": ["Un ricovero è un episodio."]},
+        "domain": {"rule": "Un ricovero è un episodio."}, "review_items": []})
+    paragraphs = [f"Paragrafo {i}: " + "il ricovero ordinario dura più giorni. " * 4
+                  for i in range(6)]
+    code = "```sql\n" + "SELECT episode_id FROM clinical.episode;\n" * 12 + "```"
+    body = "\n\n".join([*paragraphs, code]) + "\n"
+    whole = build_fragments(unit, body, 4000)
+    assert len(whole) == 1
+    monkeypatch.setattr(fragments, "TARGET_FRAGMENT_CHARS", 300)
+    small = build_fragments(unit, body, 4000)
+    head = header(unit)
+    contents = [f.text.removeprefix(head + "\n\n") for f in small]
+    assert all(f.text.startswith(head + "\n\n") for f in small)
+    assert len(small) > 3 and [f.ordinal for f in small] == list(range(len(small)))
+    assert all(len(c) <= 300 for c in contents if not c.startswith("```"))
+    assert code in contents  # an atomic element longer than the target stays whole
+    assert "\n\n".join(contents) == "\n\n".join(
+        f.text.removeprefix(head + "\n\n") for f in whole)  # nothing lost or reordered
+
+
 def test_front_matter_html_wrappers_and_html_tables_in_a_note() -> None:
     note = ("---\ntitle: \"Esiti: dimissione\"\ntags: [sdo]\n---\n\n"
             "<div class=\"macro\">\n\n<!-- bozza: non pubblicare -->\n\n"

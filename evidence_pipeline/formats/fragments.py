@@ -32,6 +32,11 @@ from evidence_runtime.units import (
 
 ATOMIC_TOO_LARGE = "atomic_content_too_large"
 
+# The content a fragment packs at most besides its header, when smaller than what
+# ``max_chunk_chars`` leaves (spec §9.8: no second user setting). None: pack up to
+# ``max_chunk_chars``. Measured in bench/README ("granularity", issue 26 item 3).
+TARGET_FRAGMENT_CHARS: int | None = None
+
 KIND_LABELS = {
     "glossary": "glossario",
     "domain": "regola di dominio",
@@ -225,15 +230,20 @@ def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fra
     if budget < 1:
         # the labels every fragment repeats (title, kind, applies_to) leave no room at all
         raise AtomicTooLarge("applies_to", len(head), max_chunk_chars)
+    # content packed per fragment: the target when smaller; an atomic element longer than
+    # the target stays whole (it still has to fit ``budget``)
+    target = budget if TARGET_FRAGMENT_CHARS is None else min(budget, TARGET_FRAGMENT_CHARS)
     pieces = _with_headings(typed_pieces(unit) + body_pieces(body, unit.title), budget)
     texts: list[str] = []
     for piece in pieces:
-        if len(piece.text) <= budget:
+        if len(piece.text) <= target or (piece.atomic and len(piece.text) <= budget):
             texts.append(piece.text)
             continue
         if piece.atomic:
             raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
-        soft = _split_soft(piece.text, budget, rows=piece.rows)
+        soft = _split_soft(piece.text, target, rows=piece.rows)
+        if any(len(s) > target for s in soft):
+            soft = _split_soft(piece.text, budget, rows=piece.rows)
         if any(len(s) > budget for s in soft):
             raise AtomicTooLarge(piece.field, len(piece.text), max_chunk_chars)
         texts.extend(soft)
@@ -241,7 +251,7 @@ def build_fragments(unit: UnitBase, body: str, max_chunk_chars: int) -> list[Fra
     current: list[str] = []
     for text in texts:
         candidate = "\n\n".join([*current, text])
-        if current and len(candidate) > budget:
+        if current and len(candidate) > target:
             fragments.append(_fragment(unit, head, current, len(fragments)))
             current = [text]
         else:
