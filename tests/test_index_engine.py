@@ -45,14 +45,18 @@ def test_the_url_variable_with_an_edge_workspace_is_refused_by_every_entry_point
     assert (raised.value.field, raised.value.message) == ("index.engine", REFUSED)
     line = f"error: {published / 'thoth.yaml'}: index.engine: {REFUSED}"
 
-    # the CLI: search, evaluate and publishing stop with the same one line
-    for args in (["evidence", "search", str(published), "Chi è pediatrico?",
-                  "--purpose", "sql_generation"],
-                 ["evidence", "evaluate", str(published)],
+    # the CLI: evaluate and publishing stop with the same one line
+    for args in (["evidence", "evaluate", str(published)],
                  ["workspace", "preprocess", "evidence", str(published)]):
         out = cli(*args)
         assert out.exit_code == 2, (args, out.output)
         assert out.stderr.strip().splitlines()[-1] == line, args
+    # search answers as the library does (DESIGN: a fault is an unavailable outcome), exit 1
+    out = cli("evidence", "search", str(published), "Chi è pediatrico?",
+              "--purpose", "sql_generation")
+    assert out.exit_code == 1, out.output
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("unavailable (not_configured):") and REFUSED in last, last
 
     # the library: unavailable, not_configured, the same message
     monkeypatch.setenv("THT_WORKSPACE", str(published))

@@ -155,11 +155,15 @@ def test_review_page_shows_the_changed_unit_beside_its_note_in_chromium(
     units = [a.get("data-evidence-id") for t, a, _ in dom.found if t == "section"
              and a.get("class") == "unit"]
     assert units == [TRIAGE_UNIT]
-    # the review item sits in the row of the field it names
+    # prepare merged the new row into the curated unit: the new meaning is in the values; the
+    # curated body (a rewrite of the note's table) is kept, and the review item that says so
+    # (merge_conflict on body, no field row of its own) stands at the top of the unit
     row = dom.text("tr", data_field="enum.values")
-    assert len(row) == 1 and "structural_field_uncertain" in row[0], row
-    assert "nero" in row[0]  # the new meaning, in the unit's values
-    assert not any("structural_field_uncertain" in r for r in dom.text("tr", data_field="title"))
+    assert len(row) == 1 and "nero" in row[0] and "merge_conflict" not in row[0], row
+    loose = [" ".join(t.split()) for t in dom.text("div", **{"class": "item loose"})]
+    assert len(loose) == 1 and loose[0].startswith("merge_conflict (body):"), loose
+    assert "deceduto all'arrivo" in loose[0]
+    assert not any("merge_conflict" in r for r in dom.text("tr", data_field="title"))
     # the supporting excerpts, highlighted in the source note: the new row among them
     marks = dom.text("mark")
     assert marks and any("nero | deceduto all'arrivo" in m for m in marks), marks
