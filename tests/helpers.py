@@ -334,3 +334,18 @@ class KeepOpen(Delegating):
 
     def close(self) -> None:
         pass
+
+
+def chromium() -> str:
+    """Debian's Chromium for the browser tests: waits while scripts/test.sh installs it
+    (THT_CHROMIUM_PENDING), skips the test where it is not installed."""
+    pending = os.environ.get("THT_CHROMIUM_PENDING")  # scripts/test.sh installs it meanwhile
+    if pending:
+        deadline = time.monotonic() + 600
+        while not Path(pending).exists() and time.monotonic() < deadline:
+            time.sleep(1)
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        import pytest  # only the tests that need a browser import it through here
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
+    return found

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import pytest
 
 from evidence_pipeline.demo import create_demo_repo
 from evidence_pipeline.orchestration.partitions import sync_source_partitions
-from tests.helpers import dagster_home, free_port, wait_for_webserver
+from tests.helpers import chromium, dagster_home, free_port, wait_for_webserver
 from tests.test_dagster import UNCHANGED, partition_status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,18 +186,6 @@ def test_a_backfill_of_unchanged_sources_ends_green(ui: Ui) -> None:
         assert steps == {"source_stages"}
 
 
-def _chromium() -> str:
-    pending = os.environ.get("THT_CHROMIUM_PENDING")  # scripts/test.sh installs it meanwhile
-    if pending:
-        deadline = time.monotonic() + 600
-        while not Path(pending).exists() and time.monotonic() < deadline:
-            time.sleep(1)
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
-    return chromium
-
-
 def _render(ui: Ui, path: str, name: str) -> str:
     """The page's text as headless Chromium renders it (a screenshot under tests/artifacts)."""
     try:
@@ -208,7 +195,7 @@ def _render(ui: Ui, path: str, name: str) -> str:
         shots = ui.tmp
     shot = shots / f"dagster-{name}.png"
     proc = subprocess.run(
-        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={ui.tmp / f'chromium-{name}'}",
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={ui.tmp / f'chromium-{name}'}",
          f"--screenshot={shot}", "--dump-dom", f"{ui.base}{path}"],
         capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

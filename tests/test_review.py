@@ -5,10 +5,7 @@ and the Dagster preview's link to the same page."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -28,7 +25,7 @@ from evidence_pipeline.review.build import (
     review_path,
 )
 from evidence_pipeline.review.page import render
-from tests.helpers import VectorStore, cli, git
+from tests.helpers import VectorStore, chromium, cli, git
 from tests.test_dagster import SOURCE_ASSETS, resources
 
 pytestmark = pytest.mark.usefixtures("own_state")
@@ -77,18 +74,6 @@ class Dom(HTMLParser):
                 if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
 
 
-def _chromium() -> str:
-    pending = os.environ.get("THT_CHROMIUM_PENDING")  # scripts/test.sh installs it meanwhile
-    if pending:
-        deadline = time.monotonic() + 600
-        while not Path(pending).exists() and time.monotonic() < deadline:
-            time.sleep(1)
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
-    return chromium
-
-
 def _render(page: Path, tmp: Path, name: str) -> Dom:
     """The page as headless Chromium renders it: its DOM parsed, a screenshot kept."""
     try:
@@ -98,7 +83,7 @@ def _render(page: Path, tmp: Path, name: str) -> Dom:
         shots = tmp
     shot = shots / f"review-{name}.png"
     proc = subprocess.run(
-        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium'}",
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium'}",
          f"--screenshot={shot}", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
