@@ -167,15 +167,9 @@ def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None,
         publishable,
         published_corpus,
     )
-    from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
     from evidence_pipeline.publishing.publish import gate_failure, require_publishable
 
-    def heard(item: Any) -> None:
-        if isinstance(item, EmbeddingProgress):
-            if embedding is not None:
-                embedding(item)
-        elif progress is not None:
-            progress(item)
+    heard = _listener(progress, embedding)
 
     result, failures = _execute(publish_job.name, root, {}, heard)
     if result.success:
@@ -191,6 +185,21 @@ def run_preprocess(root: Path, *, progress: Callable[[Any], None] | None = None,
     raise AssertionError("unreachable")
 
 
+def _listener(progress: Callable[[Any], None] | None,
+              embedding: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """What a publish run says, handed on: the embedding progress to ``embedding``, every other
+    message to ``progress``."""
+    from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
+
+    def heard(item: Any) -> None:
+        if isinstance(item, EmbeddingProgress):
+            if embedding is not None:
+                embedding(item)
+        elif progress is not None:
+            progress(item)
+    return heard
+
+
 def run_publish(root: Path, *, revision: str | None = None,
                 progress: Callable[[Any], None] | None = None,
                 embedding: Callable[[Any], None] | None = None) -> PublishResult:
@@ -200,14 +209,8 @@ def run_publish(root: Path, *, revision: str | None = None,
         publish_and_switch,
         publish_revision_job,
     )
-    from evidence_pipeline.publishing.embedding_cache import EmbeddingProgress
 
-    def heard(item: Any) -> None:
-        if isinstance(item, EmbeddingProgress):
-            if embedding is not None:
-                embedding(item)
-        elif progress is not None:
-            progress(item)
+    heard = _listener(progress, embedding)
 
     config = {"ops": {publish_and_switch.name: {"config": {"revision": revision}}}}
     result, failures = _execute(publish_revision_job.name, root, config, heard)
