@@ -39,37 +39,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, arguments, log, machine, table, write_json
+from maintenance_window import DROPPED_ENV, published_demo
 
-DROPPED_ENV = ("DAGSTER_HOME", "THT_STATE_DIR", "THT_REGISTRY_URL", "THT_QDRANT_URL",
-               "THT_WORKSPACE")
+sys.path.insert(0, str(REPO))
+from tests.helpers import FAILING_EVALUATION
+
 QUESTIONS = ["Quali pazienti sono minorenni?", "Cosa significa il codice di dimissione T?",
              "Come si calcola la durata della degenza?"]
-FAILING_EVALUATION = """\
-queries:
-  - id: qx
-    text: zorblat quintessa vrenk
-    profile: lexical
-    purpose: sql_generation
-    expected: [evidence:icd10-oms]
-"""
-
-
-def published_demo(dest: Path) -> Path:
-    """The demo workspace, activated and published (its shipped vectors seeded)."""
-    from evidence_pipeline.demo import create_demo_repo
-    from evidence_pipeline.publishing.publish import activate, preprocess
-
-    ws = create_demo_repo(dest)
-    sys.path.insert(0, str(REPO))
-    from tests import demo_vectors
-
-    shipped = demo_vectors.load()
-    if shipped is not None:
-        (ws / ".tht").mkdir(exist_ok=True)
-        shipped.write_into(ws / ".tht" / "vectors.sqlite3")
-    activate(ws)
-    preprocess(ws)
-    return ws
 
 
 def searcher_process(ws: Path, ready: Path, stop: Path, out: Path) -> None:
@@ -213,7 +189,7 @@ def main() -> int:
     cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tht-publish-outage-") as tmp:
         log("publishing the demo workspace…")
-        base = published_demo(Path(tmp) / "base")
+        base = published_demo(Path(tmp) / "base", None)
         for path in args.paths.split(","):
             for scenario in args.scenarios.split(","):
                 runs = []
