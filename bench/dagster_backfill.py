@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, arguments, log, machine, table, write_json
 
 sys.path.insert(0, str(REPO))
-from tests.helpers import free_port, wait_for_webserver
+from dagster_launches import serving
 
 BIN = Path(sys.executable).parent
 STAGES = ("source_file", "normalized_source", "restructured_units", "validated_units")
@@ -113,26 +113,11 @@ def main() -> None:
                    capture_output=True, env={k: v for k, v in env.items()
                                              if k != "DAGSTER_HOME"})
     cli_s = round(time.perf_counter() - t, 2)
-    port = free_port()
     logs = tmp / "logs"
     logs.mkdir()
-    procs = [subprocess.Popen(cmd, cwd=code, env=env, stderr=subprocess.STDOUT,
-                              stdout=(logs / f"{name}.log").open("wb"))
-             for name, cmd in (
-                 ("webserver", [str(BIN / "dagster-webserver"), "-w", "workspace.yaml",
-                                "-h", "127.0.0.1", "-p", str(port)]),
-                 ("daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]))]
-    try:
-        wait_for_webserver(f"http://127.0.0.1:{port}", procs[0], logs / "webserver.log", 300)
+    with serving(home, ws, logs, daemon=True, code=code, wait_s=300) as port:
         log(f"backfill of {len(keys)} partitions ({code})")
         ui = backfill(port, home, keys, args.timeout)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     result = {"machine": info, "code": str(code), "cli_prepare_noop_s": cli_s, "ui": ui}
     write_json("dagster_backfill.json", result)
     if args.json:

@@ -43,21 +43,25 @@ DAEMONLESS = ("run_coordinator:\n  module: dagster._core.run_coordinator\n"
 
 
 @contextmanager
-def serving(home: Path, ws: Path, logs: Path, *, daemon: bool = False) -> Iterator[int]:
-    """``dagster-webserver`` (and with ``daemon`` ``dagster-daemon``) on this checkout's code
-    location for ``ws``, instance ``home``; yields the port once the webserver answers."""
+def serving(home: Path, ws: Path, logs: Path, *, daemon: bool = False, code: Path = REPO,
+            wait_s: float = 180) -> Iterator[int]:
+    """``dagster-webserver`` (and with ``daemon`` ``dagster-daemon``) on the code location of
+    the checkout ``code`` (default: this one) for ``ws``, instance ``home``; yields the port
+    once the webserver answers (within ``wait_s``)."""
     env = {**os.environ, "DAGSTER_HOME": str(home), "THT_WORKSPACE": str(ws)}
+    if code != REPO:
+        env["PYTHONPATH"] = str(code)
     port = free_port()
     commands = [[str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1",
                  "-p", str(port)]]
     if daemon:
         commands.append([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.STDOUT,
+    procs = [subprocess.Popen(cmd, cwd=code, env=env, stderr=subprocess.STDOUT,
                               stdout=(logs / f"{Path(cmd[0]).name}.log").open("wb"))
              for cmd in commands]
     try:
         wait_for_webserver(f"http://127.0.0.1:{port}", procs[0], logs / "dagster-webserver.log",
-                           180)
+                           wait_s)
         yield port
     finally:
         for proc in procs:
