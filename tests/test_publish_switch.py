@@ -42,6 +42,7 @@ from tests.helpers import (
     copy_workspace,
     edit,
     held_open,
+    pointers,
 )
 
 WID = "psd"
@@ -55,13 +56,6 @@ pytestmark = pytest.mark.usefixtures("own_state")
 def clone(published_demo: PublishedDemo, tmp_path: Path) -> Path:
     """A private copy of the published demo: generation 1 serves its first revision."""
     return copy_workspace(published_demo.ws, tmp_path / "ws")
-
-
-def pointers(ws: Path) -> tuple[str | None, int | None]:
-    """(activated revision, active generation) as the registry holds them."""
-    with Registry.open(ws / ".tht" / "registry.sqlite3") as reg:
-        revision, active = reg.active_state(WID)
-    return revision, None if active is None else active.number
 
 
 def statuses(ws: Path) -> dict[int, GenerationStatus]:
