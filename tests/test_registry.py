@@ -365,12 +365,9 @@ def test_activate_generation_and_revision_refuses_a_stale_expected_pair(
     assert statuses(reg) == {1: "active", 2: "candidate", 3: "failed"}
 
 
-@pytest.mark.faults
-def test_a_failure_inside_the_double_switch_changes_nothing(
-    reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    first = published(reg)
-    candidate = reg.new_generation(WS, REV_B, {})
+def fail_the_pointer_move(reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the registry's move of the active-generation pointer fail (an injected database
+    error) inside whatever transaction runs it; ``monkeypatch.undo()`` ends it."""
     adapter = reg._adapter
     original = adapter.transaction
 
@@ -386,6 +383,15 @@ def test_a_failure_inside_the_double_switch_changes_nothing(
             yield query
 
     monkeypatch.setattr(adapter, "transaction", failing_pointer_move)
+
+
+@pytest.mark.faults
+def test_a_failure_inside_the_double_switch_changes_nothing(
+    reg: RegistryWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = published(reg)
+    candidate = reg.new_generation(WS, REV_B, {})
+    fail_the_pointer_move(reg, monkeypatch)
     with pytest.raises(RegistryError, match="injected failure"):
         reg.activate_generation_and_revision(WS, candidate.number,
                                              expected=(REV_A, first.number))
@@ -401,21 +407,7 @@ def test_a_failure_inside_activation_changes_nothing(
 ) -> None:
     published(reg)
     second = reg.new_generation(WS, REV_A, {})
-    adapter = reg._adapter
-    original = adapter.transaction
-
-    @contextmanager
-    def failing_pointer_move(*, write: bool):  # type: ignore[no-untyped-def]
-        with original(write=write) as q:
-
-            def query(sql: str, params=()):  # type: ignore[no-untyped-def]
-                if sql.startswith("UPDATE evidence_workspace SET active_generation"):
-                    raise adapter.errors[0]("injected failure")
-                return q(sql, params)
-
-            yield query
-
-    monkeypatch.setattr(adapter, "transaction", failing_pointer_move)
+    fail_the_pointer_move(reg, monkeypatch)
     with pytest.raises(RegistryError, match="injected failure"):
         reg.activate_generation(WS, second.number)
     monkeypatch.undo()
