@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence_pipeline.formats.fragments import Fragment, bm25_settings, build_fragments
+from evidence_pipeline.formats.fragments import Fragment, bm25_settings
 from evidence_pipeline.publishing.guard import (
     FAULT_ENV,
     Progress,
@@ -23,6 +23,7 @@ from evidence_pipeline.publishing.guard import (
 )
 from evidence_pipeline.publishing.index_writer import IndexPoint, IndexWriter
 from evidence_pipeline.publishing.intake import (
+    cut_fragments,
     embed_fragments,
     materialize_corpus,
     require_publishable,
@@ -81,6 +82,18 @@ def fragment_payload(ws: Workspace, revision: str, generation: int, item: Loaded
         "supporting_excerpts": list(unit.provenance.supporting_excerpts),
         "curated_path": f"{ws.config.evidence.root}/{item.rel_path}",
     }
+
+
+def index_points(ws: Workspace, revision: str, generation: int,
+                 frags: list[tuple[LoadedUnit, Fragment]], vectors: Any) -> list[IndexPoint]:
+    """The points of ``generation`` for the fragments ``frags`` of ``revision`` (``vectors[i]``
+    the dense vector of ``frags[i]``): ids from identity, the fragment's text for BM25, the
+    payload of :func:`fragment_payload`."""
+    wid = ws.config.workspace_id
+    return [IndexPoint(id=point_id(wid, generation, item.unit.id, fr.ordinal),
+                       dense=vectors[i], text=fr.text,
+                       payload=fragment_payload(ws, revision, generation, item, fr))
+            for i, (item, fr) in enumerate(frags) if item.unit is not None]
 
 
 @contextlib.contextmanager
@@ -147,10 +160,7 @@ def _build_candidate(ws: Workspace, registry: RegistryWriter, index: IndexWriter
     timings: dict[str, float] = {}
     with compensating(registry, index, wid, gen.number):
         t = time.perf_counter()
-        points = [IndexPoint(id=point_id(wid, gen.number, item.unit.id, fr.ordinal),
-                             dense=vectors[i], text=fr.text,
-                             payload=fragment_payload(ws, revision, gen.number, item, fr))
-                  for i, (item, fr) in enumerate(frags) if item.unit is not None]
+        points = index_points(ws, revision, gen.number, frags, vectors)
         _upload(index, points, bm25, phase_reporter(progress, "uploading", "point(s)"))
         timings["upload_s"] = time.perf_counter() - t
         say(f"uploaded {len(points)} point(s)")
@@ -298,22 +308,15 @@ def generation_points(ws: Workspace, generation: Generation, *,
     model = generation.config.get("embedder")
     corpus = materialize_corpus(ws, generation.revision)
     require_publishable(corpus)
-    max_chars = generation.config.get("max_chunk_chars")
-    if not isinstance(max_chars, int) or isinstance(max_chars, bool):
-        max_chars = ws.config.embeddings.max_chunk_chars
-    frags = [(item, fr) for item in corpus.loaded if item.unit is not None and item.doc
-             for fr in build_fragments(item.unit, item.doc.body, max_chars)]
+    recorded = generation.config.get("max_chunk_chars")  # None: thoth.yaml's
+    max_chars = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
+    frags = cut_fragments(ws, corpus.loaded, max_chars=max_chars)
     emb, vectors, computed = embed_fragments(ws, frags, embedder)
     if model is not None and emb.model_id != model:
         raise PublishError(f"generation {generation.number} was embedded with {model}, and "
                            f"thoth.yaml now names {emb.model_id}: publish the activated "
                            "revision again instead", code="publish_failed")
-    wid = ws.config.workspace_id
-    points = [IndexPoint(id=point_id(wid, generation.number, item.unit.id, fr.ordinal),
-                         dense=vectors[i], text=fr.text,
-                         payload=fragment_payload(ws, generation.revision, generation.number,
-                                                  item, fr))
-              for i, (item, fr) in enumerate(frags) if item.unit is not None]
+    points = index_points(ws, generation.revision, generation.number, frags, vectors)
     return GenerationPoints(points, corpus.loaded, computed)
 
 

@@ -79,9 +79,12 @@ def require_publishable(corpus: PublishedCorpus) -> None:
             f"{len(blocking)} problem(s) block publication: {named_problems(blocking)}", blocking)
 
 
-def cut_fragments(ws: Workspace, loaded: list[LoadedUnit]) -> list[tuple[LoadedUnit, Fragment]]:
-    """Every unit's fragments; :class:`PublishError` when an atomic element cannot fit."""
-    max_chars = ws.config.embeddings.max_chunk_chars
+def cut_fragments(ws: Workspace, loaded: list[LoadedUnit], *, max_chars: int | None = None,
+                  ) -> list[tuple[LoadedUnit, Fragment]]:
+    """Every unit's fragments, at most ``max_chars`` each (default: thoth.yaml's
+    ``max_chunk_chars``); :class:`PublishError` when an atomic element cannot fit."""
+    if max_chars is None:
+        max_chars = ws.config.embeddings.max_chunk_chars
     frags: list[tuple[LoadedUnit, Fragment]] = []
     problems: list[Problem] = []
     for item in loaded:
