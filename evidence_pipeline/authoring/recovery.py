@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evidence_pipeline.authoring import apply
 from evidence_pipeline.authoring.session import AuthoringSession, authoring_dir
-from evidence_runtime.workspace import load_workspace
+from evidence_runtime.workspace import Workspace, load_workspace
 
 
 class RecoverResult(BaseModel):
@@ -28,6 +28,12 @@ class RecoverResult(BaseModel):
     set_aside: list[str] = Field(default_factory=list)  # copies of edited files (--finish)
     restored: list[str] = Field(default_factory=list)  # files put back (--drop)
     kept: list[str] = Field(default_factory=list)  # files left as edited (--drop)
+
+
+def staged_batches(ws: Workspace) -> list[apply.PendingBatch]:
+    """The batches interrupted authoring runs left staged, read only (what ``recover`` shows,
+    ``tht workspace check`` and its Dagster asset check report)."""
+    return apply.inspect(ws.root, authoring_dir(ws))
 
 
 def recover_workspace(root: Path, *, finish: bool = False, drop: bool = False) -> RecoverResult:

@@ -6,7 +6,6 @@ cache (issue 28 item 3)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,16 +22,7 @@ from evidence_pipeline.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from evidence_pipeline.publishing.check import CheckReport, StagedBatch
-    from evidence_runtime.workspace import Workspace
-
-
-def staged_batches(ws: Workspace) -> Sequence[StagedBatch]:
-    """The batches interrupted authoring runs left staged (read-only)."""
-    from evidence_pipeline.authoring import apply
-    from evidence_pipeline.authoring.session import authoring_dir
-
-    return apply.inspect(ws.root, authoring_dir(ws))
+    from evidence_pipeline.publishing.check import CheckReport
 
 
 @click.command("check")
@@ -48,6 +38,7 @@ def check_cmd(workspace_root: Path, repair: bool, as_json: bool) -> None:
 
     Exit 0 when nothing is wrong (or everything found was repaired), 1 otherwise.
     """
+    from evidence_pipeline.authoring.recovery import staged_batches
     from evidence_pipeline.publishing.check import check_workspace
     from evidence_runtime.workspace import load_workspace
 

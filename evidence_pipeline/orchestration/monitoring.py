@@ -13,8 +13,7 @@ from typing import Any
 
 import dagster as dg
 
-from evidence_pipeline.authoring import apply
-from evidence_pipeline.authoring.session import authoring_dir
+from evidence_pipeline.authoring.recovery import staged_batches
 from evidence_pipeline.orchestration.metadata import (
     OPERATORS,
     catalog,
@@ -117,7 +116,7 @@ def index_integrity(workspace: WorkspaceResource, index: IndexResource) -> dg.As
     """The index holds every retained generation whole (`tht workspace check`, no repair)."""
     ws = workspace.load()
     report = check_workspace(ws, config=index.config(ws),
-                             staged=apply.inspect(ws.root, authoring_dir(ws)))
+                             staged=staged_batches(ws))
     findings = "\n".join(f"{f.code}: {f.message}" for f in report.findings) or "none"
     metadata: dict[str, Any] = {
         "status": dg.MetadataValue.text(report.status),
