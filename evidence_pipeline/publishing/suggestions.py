@@ -16,7 +16,6 @@ reviewed and applied with ``git apply`` (never applied here).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from evidence_pipeline.formats.curated_writer import dump_curated
 from evidence_pipeline.formats.evalset import EvaluationSet
+from evidence_pipeline.formats.filediff import unified_diff
 from evidence_pipeline.formats.fragments import build_fragments
 from evidence_pipeline.publishing.content_words import ContentWords
 from evidence_pipeline.publishing.evaluate import Miss
@@ -143,7 +143,5 @@ def render_patch(suggestions: Sequence[Suggestion], units: Mapping[str, CuratedU
         after = dump_curated(apply_to_document(unit.doc, by_unit[eid]))
         if after == before:
             continue
-        chunks.append("".join(difflib.unified_diff(
-            before.splitlines(keepends=True), after.splitlines(keepends=True),
-            fromfile=f"a/{unit.path}", tofile=f"b/{unit.path}")))
+        chunks.append(unified_diff(unit.path, before.encode("utf-8"), after.encode("utf-8")))
     return "".join(chunks)

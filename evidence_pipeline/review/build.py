@@ -11,7 +11,6 @@ text, so the next publication of the change embeds nothing again).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence_pipeline.formats.evalset import EvaluationSet, read_evaluation
+from evidence_pipeline.formats.filediff import unified_diff
 from evidence_pipeline.formats.normalize import excerpt_span
 from evidence_pipeline.gitrepo import ignored_paths, resolve_revision
 from evidence_pipeline.publishing.candidate import build_candidate
@@ -33,7 +33,6 @@ from evidence_pipeline.publishing.intake import cut_fragments, embed_fragments, 
 from evidence_pipeline.validation.corpus import LoadedUnit, SourceReader, corpus_files
 from evidence_pipeline.validation.problems import ValidationReport
 from evidence_pipeline.validation.validator import validate_corpus
-from evidence_runtime.curated import decode_text
 from evidence_runtime.embeddings import Embedder
 from evidence_runtime.errors import EvidenceError
 from evidence_runtime.search import EvidenceSearcher
@@ -144,24 +143,6 @@ def _files(evidence_dir: Path, skip: set[str]) -> dict[str, bytes]:
         if path.is_file() and not path.is_symlink() and rel not in skip:
             out[rel] = path.read_bytes()
     return out
-
-
-def _text(raw: bytes | None) -> list[str]:
-    if raw is None:
-        return []
-    try:
-        return decode_text(raw).splitlines(keepends=True)
-    except EvidenceError:
-        return ["(not UTF-8 text)\n"]
-
-
-def unified_diff(path: str, old: bytes | None, new: bytes | None) -> str:
-    """A Git-style unified diff of one file (``/dev/null`` for a side that does not exist)."""
-    lines = difflib.unified_diff(_text(old), _text(new),
-                                 fromfile=f"a/{path}" if old is not None else "/dev/null",
-                                 tofile=f"b/{path}" if new is not None else "/dev/null")
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                   for line in lines)
 
 
 # --- units -----------------------------------------------------------------------------------
